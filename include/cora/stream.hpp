@@ -1,0 +1,174 @@
+// cora::stream: an in-order queue of device work.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "cora/binary.hpp"
+#include "cora/detail/intrusive_ptr.hpp"
+#include "cora/detail/kernel_arg.hpp"
+#include "cora/event.hpp"
+#include "cora/kernel_args.hpp"
+#include "cora/launch.hpp"
+#include "cora/memory.hpp"
+#include "cora/pending.hpp"
+
+namespace cora {
+
+class device;
+
+namespace detail {
+class stream_state;
+
+template <class B>
+concept byte_buffer = requires(const B& b) {
+  { b.data() };
+  { b.size_bytes() } -> std::convertible_to<std::size_t>;
+};
+}  // namespace detail
+
+/// Options of a new stream.
+struct stream_options {
+  /// Priority, where the backend has priorities (0 = default).
+  int priority = 0;
+};
+
+/// Options of stream::read_file.
+struct read_options {
+  std::size_t chunk_bytes = std::size_t{4} << 20;  ///< bytes per staging buffer
+  unsigned depth = 4;                              ///< staging buffers in flight
+  bool direct = true;  ///< O_DIRECT with aligned registered buffers where the file system allows
+  bool force_blocking = false;  ///< read with a blocking thread instead of io_uring
+};
+
+/// An in-order queue of device work.
+///
+/// Every operation is enqueued when the call is made (stream order is call order) and returns a
+/// cora::pending for its completion. Operations on different streams may run concurrently.
+/// Validation errors (bad pointer, wrong argument size...) complete the returned pending with
+/// the error at once; if it is dropped unobserved, the error surfaces at the next wait on this
+/// stream. A device fault fails the faulting op's waiters and every later waiter on this stream
+/// until synchronize() reports it; other streams are unaffected.
+///
+/// Destroying a stream with work in flight is allowed: the work completes, then the stream is
+/// freed.
+///
+/// @par Thread safety
+/// Operations may be enqueued from several threads; each call is atomic.
+class stream {
+ public:
+  stream() noexcept = default;
+  explicit stream(detail::intrusive_ptr<detail::stream_state> s) noexcept;
+  stream(stream&&) noexcept;
+  stream& operator=(stream&&) noexcept;
+  ~stream();
+
+  // --- copies and fills ---------------------------------------------------------------------
+
+  /// Copies `bytes` from `src` to `dst`, in whichever direction the two addresses tell
+  /// (host-to-device, device-to-host, device-to-device, host-to-host), as CANN does. Device
+  /// ranges must lie inside live allocations. Pageable host memory is allowed: a source is
+  /// read before this call returns; a destination must stay alive until completion.
+  pending<void> copy(void* dst, const void* src, std::size_t bytes);
+  /// Copies all of `src` into `dst` (device_buffer, host_buffer, std::span...).
+  template <detail::byte_buffer D, detail::byte_buffer S>
+  pending<void> copy(D&& dst, const S& src) {
+    return copy_checked(to_void(dst.data()), dst.size_bytes(), src.data(), src.size_bytes());
+  }
+  /// Sets `bytes` bytes at `dst` to `value`.
+  pending<void> fill(void* dst, std::uint8_t value, std::size_t bytes);
+  template <detail::byte_buffer D>
+  pending<void> fill(D&& dst, std::uint8_t value) {
+    return fill(to_void(dst.data()), value, dst.size_bytes());
+  }
+
+  // --- launches -------------------------------------------------------------------------------
+
+  /// Launches `k` with typed arguments, checked against the kernel's parameters (count and
+  /// sizes; raw pointers must lie in live allocations of this device, device_buffers pass
+  /// their address). A mismatch fails the launch with errc::argument_mismatch.
+  template <class... Args>
+  pending<void> launch(const kernel& k, const launch_config& cfg, Args&&... args) {
+    auto values = std::make_tuple(detail::to_launch_arg(args)...);
+    return std::apply(
+        [&](auto&... a) {
+          const std::array<detail::arg_view, sizeof...(Args)> views{detail::view_of(a)...};
+          return launch_typed(k, cfg, views);
+        },
+        values);
+  }
+  /// Launches `k` with a finalized argument list (placeholders included).
+  pending<void> launch(const kernel& k, const launch_config& cfg, const kernel_args& args);
+  pending<void> launch(const kernel& k, const launch_config& cfg, kernel_args& args) {
+    return launch(k, cfg, static_cast<const kernel_args&>(args));
+  }
+  /// Launches `k` with a complete argument block in host memory: canonical parameters, then
+  /// optional placeholder data; each placeholder slot receives the device address of the copy
+  /// of its data (CANN's aclrtLaunchKernelWithHostArgs).
+  pending<void> launch_host_block(const kernel& k, const launch_config& cfg,
+                                  std::span<const std::byte> block,
+                                  std::span<const placeholder_info> placeholders = {});
+  /// Launches `k` with one pointer per parameter, each to that parameter's value (CANN's
+  /// aclrtLaunchKernelWithArgsArray).
+  pending<void> launch_pointer_array(const kernel& k, const launch_config& cfg,
+                                     const void* const* args);
+  /// Launches `k` with a canonical argument block that already lives in device memory (CANN's
+  /// aclrtLaunchKernel). The CUDA backend refuses it (errc::not_supported): a GPU launch takes
+  /// its parameters from the host.
+  pending<void> launch_device_block(const kernel& k, const launch_config& cfg,
+                                    const void* device_block, std::size_t bytes);
+
+  // --- ordering and host work -----------------------------------------------------------------
+
+  /// Records `ev` here: it now stands for the work enqueued so far.
+  pending<void> record(event& ev);
+  /// Later work on this stream waits until `ev`'s recorded work has completed.
+  pending<void> wait(const event& ev);
+  /// Runs `fn` on a device thread once earlier work has completed; later work waits for it.
+  pending<void> host_func(std::function<void()> fn);
+  /// Completes when everything enqueued so far has completed, and reports (then clears) a
+  /// device fault of this stream.
+  pending<void> synchronize();
+
+  // --- files ---------------------------------------------------------------------------------
+
+  /// Reads `bytes` bytes of `path` from `offset` into device memory at `dst`, through pinned
+  /// staging buffers: each chunk is copied to the device in stream order while the next is
+  /// read. Completes when the data is on the device; yields the bytes read. Reading past the
+  /// end of the file fails with errc::out_of_range (nothing short is silently accepted).
+  pending<std::size_t> read_file(void* dst, const std::filesystem::path& path,
+                                 std::uint64_t offset, std::size_t bytes,
+                                 const read_options& options = {});
+
+  // --- inspection ----------------------------------------------------------------------------
+
+  /// The device this stream belongs to.
+  cora::device& device() const;
+  /// True when everything enqueued so far has completed (may query the driver).
+  bool idle() const;
+  explicit operator bool() const noexcept { return static_cast<bool>(s_); }
+  detail::stream_state* state() const noexcept { return s_.get(); }
+
+ private:
+  template <class P>
+  static void* to_void(P* p) noexcept {
+    return const_cast<void*>(static_cast<const void*>(p));
+  }
+  pending<void> copy_checked(void* dst, std::size_t dst_bytes, const void* src,
+                             std::size_t src_bytes);
+  pending<void> launch_typed(const kernel& k, const launch_config& cfg,
+                             std::span<const detail::arg_view> args);
+
+  detail::intrusive_ptr<detail::stream_state> s_;
+};
+
+}  // namespace cora

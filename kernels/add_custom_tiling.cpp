@@ -1,0 +1,22 @@
+// The seed sample's kernel in placeholder mode: the total length and the tile count arrive as
+// device pointers (placeholders the runtime fills at launch) and are read inside the kernel.
+#include <cora/kernel.hpp>
+
+CORA_KERNEL(add_custom)(cora::gm_addr x, cora::gm_addr y, cora::gm_addr z,
+                        std::int32_t* tiling_length, std::int32_t* tiling_num) {
+  constexpr std::uint32_t use_core_num = 8;
+  constexpr std::uint32_t buffer_num = 2;
+  const std::uint32_t total_length = static_cast<std::uint32_t>(*tiling_length);
+  const std::uint32_t tile_num = static_cast<std::uint32_t>(*tiling_num);
+  if (tile_num == 0) return;
+  const std::uint32_t block_length = total_length / use_core_num;
+  const std::uint32_t tile_length = block_length / tile_num / buffer_num;
+  const auto* xs = reinterpret_cast<const cora::half*>(x) + block_length * cora::block_idx();
+  const auto* ys = reinterpret_cast<const cora::half*>(y) + block_length * cora::block_idx();
+  auto* zs = reinterpret_cast<cora::half*>(z) + block_length * cora::block_idx();
+  for (std::uint32_t t = 0; t < tile_num * buffer_num; ++t)
+    for (std::uint32_t i = cora::thread_idx(); i < tile_length; i += cora::block_dim()) {
+      const std::uint32_t k = t * tile_length + i;
+      zs[k] = xs[k] + ys[k];
+    }
+}

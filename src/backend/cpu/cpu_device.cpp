@@ -1,0 +1,556 @@
+#include "backend/cpu/cpu_device.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include "backend/cpu/cpu_module.hpp"
+#include "cora/error.hpp"
+
+namespace cora::backend::cpu {
+
+namespace {
+
+std::uint64_t now_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Idle workers spin this long before sleeping, so back-to-back work skips a futex wake.
+constexpr auto worker_spin = std::chrono::microseconds(20);
+// Copies are split into pieces of at least this many bytes.
+constexpr std::size_t copy_piece = std::size_t{1} << 20;
+
+std::error_code status_code(int status) {
+  switch (status) {
+    case CORA_CPU_TIMEOUT: return make_error_code(errc::kernel_timeout);
+    case CORA_CPU_ABORTED: return make_error_code(errc::device_lost);
+    default: return make_error_code(errc::kernel_fault);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// worker_pool
+
+worker_pool::worker_pool(cpu_device& device, unsigned threads) : device_(device) {
+  threads_.reserve(threads);
+  for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+}
+
+worker_pool::~worker_pool() { stop(); }
+
+void worker_pool::submit(op* o, unsigned pieces) {
+  o->pieces.store(pieces, std::memory_order_relaxed);
+  bool wake;
+  {
+    std::lock_guard lock(mutex_);
+    for (unsigned i = 0; i < pieces; ++i) queue_.push_back(o);
+    queued_.fetch_add(pieces, std::memory_order_release);
+    wake = sleeping_ > 0;
+  }
+  if (wake) {
+    if (pieces > 1)
+      cv_.notify_all();
+    else
+      cv_.notify_one();
+  }
+}
+
+void worker_pool::stop() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+}
+
+void worker_pool::run() {
+  for (;;) {
+    // Spin briefly before sleeping: a device that has just finished work is likely to get more.
+    const auto spin_until = std::chrono::steady_clock::now() + worker_spin;
+    while (queued_.load(std::memory_order_acquire) == 0 &&
+           std::chrono::steady_clock::now() < spin_until)
+      for (int i = 0; i < 64; ++i) cpu_relax();
+    op* o;
+    {
+      std::unique_lock lock(mutex_);
+      while (queue_.empty() && !stop_) {
+        ++sleeping_;
+        cv_.wait(lock);
+        --sleeping_;
+      }
+      if (stop_) return;
+      o = queue_.front();
+      queue_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    device_.run_piece(o);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cpu_stream
+
+cpu_stream::cpu_stream(cpu_device& device) : device_(device) { device_.add_stream(this); }
+
+cpu_stream::~cpu_stream() {
+  // The core destroys a stream only once its work has completed; wait anyway, to be safe.
+  std::unique_lock lock(mutex_);
+  ++blocked_;
+  cv_.wait(lock, [&] { return running_ == nullptr || device_.stopped(); });
+  --blocked_;
+  if (running_) {  // the device was shut down with work queued: drop it
+    delete running_;
+    for (op* o : queue_) delete o;
+    queue_.clear();
+    running_ = nullptr;
+  }
+  lock.unlock();
+  device_.remove_stream(this);
+}
+
+void cpu_stream::push(op* o) {
+  o->stream = this;
+  {
+    std::lock_guard lock(mutex_);
+    if (running_) {
+      queue_.push_back(o);
+      return;
+    }
+    running_ = o;
+  }
+  device_.start(o);
+}
+
+void cpu_stream::finished(op* o, std::vector<op*>& ready) {
+  std::lock_guard lock(mutex_);
+  const int status = o->status.load(std::memory_order_acquire);
+  if (status != CORA_CPU_OK && fault_seq_.load(std::memory_order_relaxed) == ~std::uint64_t{0}) {
+    fault_ = {o->seq, status_code(status), o->message};
+    fault_seq_.store(o->seq, std::memory_order_relaxed);
+  }
+  completed_.store(o->seq, std::memory_order_release);
+  if (blocked_) cv_.notify_all();
+  for (auto it = dependents_.begin(); it != dependents_.end();) {
+    if (it->first <= o->seq) {
+      ready.push_back(it->second);
+      it = dependents_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (queue_.empty()) {
+    running_ = nullptr;
+  } else {
+    running_ = queue_.front();
+    queue_.pop_front();
+    ready.push_back(running_);
+  }
+}
+
+bool cpu_stream::add_dependent(std::uint64_t seq, op* waiter) {
+  std::lock_guard lock(mutex_);
+  if (completed_.load(std::memory_order_relaxed) >= seq) return false;
+  dependents_.emplace_back(seq, waiter);
+  return true;
+}
+
+void cpu_stream::abort_running() noexcept {
+  std::lock_guard lock(mutex_);
+  if (running_) running_->abort = 1;
+  for (op* o : queue_) o->abort = 1;
+}
+
+void cpu_stream::copy(std::uint64_t seq, void* dst, const void* src, std::size_t bytes,
+                      bool src_pageable) {
+  auto* o = new op;
+  o->k = op::kind::copy;
+  o->seq = seq;
+  o->dst = static_cast<std::byte*>(dst);
+  if (src_pageable) {
+    o->args.assign(static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + bytes);
+    o->src = o->args.data();
+  } else {
+    o->src = static_cast<const std::byte*>(src);
+  }
+  o->bytes = bytes;
+  push(o);
+}
+
+void cpu_stream::fill(std::uint64_t seq, void* dst, std::uint8_t value, std::size_t bytes) {
+  auto* o = new op;
+  o->k = op::kind::fill;
+  o->seq = seq;
+  o->dst = static_cast<std::byte*>(dst);
+  o->value = value;
+  o->bytes = bytes;
+  push(o);
+}
+
+void cpu_stream::launch(std::uint64_t seq, const launch_desc& l, std::error_code& ec,
+                        std::string& message) {
+  const auto& cfg = l.config;
+  if (cfg.block.volume() != 1) {
+    ec = make_error_code(errc::invalid_launch_config);
+    message = "the CPU device runs each block as one thread: block must be 1x1x1";
+    return;
+  }
+  if (cfg.shared_bytes != 0) {
+    ec = make_error_code(errc::not_supported);
+    message = "the CPU device has no dynamic shared memory";
+    return;
+  }
+  if (cfg.cluster || cfg.priority) {
+    ec = make_error_code(errc::not_supported);
+    message = "the CPU device supports neither thread-block clusters nor launch priorities";
+    return;
+  }
+  const std::uint64_t blocks = cfg.grid.volume();
+  if ((cfg.cooperative || cfg.schedule == schedule_mode::batch) && blocks > device_.workers()) {
+    ec = make_error_code(errc::invalid_launch_config);
+    message = "a cooperative or batch launch needs every block resident: grid " +
+              std::to_string(blocks) + " exceeds the device's " +
+              std::to_string(device_.workers()) + " compute units";
+    return;
+  }
+  auto* o = new op;
+  o->k = op::kind::launch;
+  o->seq = seq;
+  o->entry = reinterpret_cast<cora_cpu_entry_fn>(l.function);
+  if (l.device_args)
+    o->device_args = l.device_args;
+  else
+    o->args.assign(static_cast<const std::byte*>(l.args),
+                   static_cast<const std::byte*>(l.args) + l.args_size);
+  o->grid = static_cast<std::uint32_t>(blocks);
+  o->launch.grid[0] = cfg.grid.x;
+  o->launch.grid[1] = cfg.grid.y;
+  o->launch.grid[2] = cfg.grid.z;
+  o->launch.block_count = o->grid;
+  o->timeout_ns = static_cast<std::uint64_t>(cfg.timeout.count()) * 1000u;
+  ec.clear();
+  push(o);
+}
+
+void cpu_stream::host_func(std::uint64_t seq, std::function<void()> fn, std::error_code& ec) {
+  auto* o = new op;
+  o->k = op::kind::host_func;
+  o->seq = seq;
+  o->fn = std::move(fn);
+  ec.clear();
+  push(o);
+}
+
+void cpu_stream::record(std::uint64_t seq, event& ev) {
+  auto& e = static_cast<cpu_event&>(ev);
+  {
+    std::lock_guard lock(e.mutex);
+    e.stream = this;
+    e.seq = seq;
+  }
+  auto* o = new op;
+  o->k = op::kind::record;
+  o->seq = seq;
+  o->ev = &e;
+  push(o);
+}
+
+void cpu_stream::wait(std::uint64_t seq, event& ev) {
+  auto& e = static_cast<cpu_event&>(ev);
+  auto* o = new op;
+  o->k = op::kind::wait;
+  o->seq = seq;
+  {
+    std::lock_guard lock(e.mutex);
+    o->wait_stream = e.stream;
+    o->wait_seq = e.seq;
+  }
+  push(o);
+}
+
+marker cpu_stream::record_marker(std::uint64_t seq) {
+  device_.count_marker();
+  return {seq, nullptr};
+}
+
+marker_state cpu_stream::query(const marker& m) {
+  if (completed_.load(std::memory_order_acquire) < m.seq) return marker_state::pending;
+  return fault_seq_.load(std::memory_order_acquire) <= m.seq ? marker_state::failed
+                                                              : marker_state::done;
+}
+
+bool cpu_stream::wait_marker(const marker& m, clock::time_point deadline) {
+  std::unique_lock lock(mutex_);
+  ++blocked_;
+  const bool done = cv_.wait_until(lock, deadline, [&] {
+    return completed_.load(std::memory_order_relaxed) >= m.seq;
+  });
+  --blocked_;
+  return done;
+}
+
+fault cpu_stream::take_fault() {
+  std::lock_guard lock(mutex_);
+  fault f = std::move(fault_);
+  fault_ = {};
+  fault_seq_.store(~std::uint64_t{0}, std::memory_order_release);
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// cpu_device
+
+cpu_device::cpu_device(unsigned ordinal, unsigned compute_units, std::size_t memory)
+    : memory_(memory), pool_(*this, compute_units) {
+  info_.name = "CPU device " + std::to_string(ordinal) + " (" + std::to_string(compute_units) +
+               " compute units)";
+  info_.backend = "cpu";
+  info_.ordinal = ordinal;
+  info_.compute_units = compute_units;
+  info_.total_memory = memory;
+  info_.max_grid = dim3(0x7fffffffu, 65535u, 65535u);
+  info_.max_block = dim3(1, 1, 1);
+  info_.max_threads_per_block = 1;
+  info_.max_shared_bytes = 0;
+  info_.driver = "cora cpu backend";
+}
+
+cpu_device::~cpu_device() { shutdown(); }
+
+void* cpu_device::alloc(std::size_t bytes, std::error_code& ec) { return memory_.allocate(bytes, ec); }
+
+void cpu_device::free(void* p) noexcept { memory_.deallocate(p); }
+
+void* cpu_device::alloc_host(std::size_t bytes, std::error_code& ec) {
+  if (bytes == 0) {
+    ec = make_error_code(errc::invalid_argument);
+    return nullptr;
+  }
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) {
+    ec = make_error_code(errc::out_of_memory);
+    return nullptr;
+  }
+  ec.clear();
+  return p;
+}
+
+void cpu_device::free_host(void* p) noexcept { std::free(p); }
+
+void cpu_device::copy_sync(void* dst, const void* src, std::size_t bytes, std::error_code& ec) {
+  std::memmove(dst, src, bytes);
+  ec.clear();
+}
+
+std::unique_ptr<stream> cpu_device::create_stream(int, std::error_code& ec) {
+  ec.clear();
+  return std::make_unique<cpu_stream>(*this);
+}
+
+std::unique_ptr<event> cpu_device::create_event(bool timing, std::error_code& ec) {
+  ec.clear();
+  return std::make_unique<cpu_event>(timing);
+}
+
+double cpu_device::elapsed_ms(event& start, event& end, std::error_code& ec) {
+  auto& a = static_cast<cpu_event&>(start);
+  auto& b = static_cast<cpu_event&>(end);
+  if (!a.timing || !b.timing) {
+    ec = make_error_code(errc::invalid_argument);
+    return 0;
+  }
+  if (!event_done(a, ec) || !event_done(b, ec) || !a.stream || !b.stream) {
+    if (!ec) ec = make_error_code(errc::not_ready);
+    return 0;
+  }
+  ec.clear();
+  const auto t0 = a.stamp_ns.load(std::memory_order_acquire);
+  const auto t1 = b.stamp_ns.load(std::memory_order_acquire);
+  return (static_cast<double>(t1) - static_cast<double>(t0)) / 1e6;
+}
+
+bool cpu_device::event_done(event& ev, std::error_code& ec) {
+  auto& e = static_cast<cpu_event&>(ev);
+  ec.clear();
+  std::lock_guard lock(e.mutex);
+  return !e.stream || e.stream->completed() >= e.seq;
+}
+
+std::unique_ptr<module> cpu_device::load(std::span<const std::byte> image, image_kind kind,
+                                         std::error_code& ec, std::string& message) {
+  if (kind != image_kind::cpu_elf) {
+    ec = make_error_code(errc::invalid_binary);
+    message = "the CPU device runs only CPU kernel images";
+    return nullptr;
+  }
+  return cpu_module::load(image, ec, message);
+}
+
+void cpu_device::add_stream(cpu_stream* s) {
+  std::lock_guard lock(streams_mutex_);
+  streams_.insert(s);
+}
+
+void cpu_device::remove_stream(cpu_stream* s) {
+  std::lock_guard lock(streams_mutex_);
+  streams_.erase(s);
+}
+
+void cpu_device::shutdown() noexcept {
+  stopped_.store(true, std::memory_order_release);
+  {
+    std::lock_guard lock(streams_mutex_);
+    for (cpu_stream* s : streams_) s->abort_running();
+  }
+  pool_.stop();
+}
+
+void cpu_device::start(op* o) {
+  switch (o->k) {
+    case op::kind::wait:
+      if (!o->wait_stream || o->wait_stream == o->stream ||
+          !o->wait_stream->add_dependent(o->wait_seq, o))
+        finish(o);
+      return;
+    case op::kind::copy:
+    case op::kind::fill: {
+      const std::size_t pieces =
+          std::clamp<std::size_t>(o->bytes / copy_piece, 1, pool_.size());
+      o->chunk = (o->bytes + pieces - 1) / pieces;
+      pool_.submit(o, static_cast<unsigned>(pieces));
+      return;
+    }
+    case op::kind::launch: {
+      const std::uint32_t pieces = std::min<std::uint32_t>(o->grid, pool_.size());
+      o->batch = std::max<std::uint32_t>(1, o->grid / (pieces * 8));
+      if (o->timeout_ns) o->launch.deadline_ns = now_ns() + o->timeout_ns;
+      o->launch.abort_flag = &o->abort;
+      pool_.submit(o, pieces);
+      return;
+    }
+    case op::kind::host_func:
+    case op::kind::record:
+      pool_.submit(o, 1);
+      return;
+  }
+}
+
+void cpu_device::run_piece(op* o) {
+  execute(o);
+  if (o->pieces.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(o);
+}
+
+void cpu_device::execute(op* o) {
+  switch (o->k) {
+    case op::kind::copy:
+    case op::kind::fill: {
+      const std::size_t i = o->next.fetch_add(1, std::memory_order_relaxed);
+      const std::size_t begin = std::min(o->bytes, i * o->chunk);
+      const std::size_t end = std::min(o->bytes, begin + o->chunk);
+      if (end <= begin) return;
+      if (o->k == op::kind::copy)
+        std::memmove(o->dst + begin, o->src + begin, end - begin);
+      else
+        std::memset(o->dst + begin, o->value, end - begin);
+      return;
+    }
+    case op::kind::launch: {
+      const void* args = o->device_args ? o->device_args : static_cast<const void*>(o->args.data());
+      char message[256];
+      for (;;) {
+        if (o->abort) return;
+        const std::uint32_t first = o->next.fetch_add(o->batch, std::memory_order_relaxed);
+        if (first >= o->grid) return;
+        const std::uint32_t last = std::min(o->grid, first + o->batch);
+        message[0] = '\0';
+        const int status = o->entry(&o->launch, first, last, args, message, sizeof(message));
+        if (status != CORA_CPU_OK) {
+          int expected = CORA_CPU_OK;
+          if (o->status.compare_exchange_strong(expected, status, std::memory_order_acq_rel)) {
+            o->message = message;
+            if (o->message.empty()) o->message = "kernel failed";
+          }
+          o->abort = 1;
+          return;
+        }
+      }
+    }
+    case op::kind::host_func:
+      try {
+        o->fn();
+      } catch (const std::exception& e) {
+        o->status.store(CORA_CPU_EXCEPTION, std::memory_order_release);
+        o->message = std::string("host function threw: ") + e.what();
+      } catch (...) {
+        o->status.store(CORA_CPU_EXCEPTION, std::memory_order_release);
+        o->message = "host function threw";
+      }
+      return;
+    case op::kind::record:
+      o->ev->stamp_ns.store(now_ns(), std::memory_order_release);
+      return;
+    case op::kind::wait:
+      return;
+  }
+}
+
+void cpu_device::finish(op* first) {
+  // Finishing an op may start the next op of its stream and release waits of other streams;
+  // run those here in a loop rather than recursively.
+  std::vector<op*> todo{first};
+  std::vector<op*> ready;
+  while (!todo.empty()) {
+    op* o = todo.back();
+    todo.pop_back();
+    ready.clear();
+    o->stream->finished(o, ready);
+    delete o;
+    for (op* r : ready) {
+      if (r->k == op::kind::wait &&
+          (!r->wait_stream || r->wait_stream == r->stream ||
+           !r->wait_stream->add_dependent(r->wait_seq, r)))
+        todo.push_back(r);
+      else if (r->k != op::kind::wait)
+        start(r);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+}  // namespace cora::backend::cpu
+
+namespace cora::backend {
+
+std::vector<std::unique_ptr<device>> make_cpu_devices(const cpu_options& options) {
+  unsigned units = options.compute_units;
+  if (units == 0) units = std::max(1u, std::thread::hardware_concurrency());
+  std::size_t memory = options.memory;
+  if (memory == 0) {
+    const auto pages = static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES));
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    memory = std::min<std::size_t>(pages * page, std::size_t{64} << 30);
+  }
+  std::vector<std::unique_ptr<device>> out;
+  for (unsigned i = 0; i < std::max(1u, options.devices); ++i)
+    out.push_back(std::make_unique<cpu::cpu_device>(i, units, memory));
+  return out;
+}
+
+}  // namespace cora::backend

@@ -1,0 +1,178 @@
+// The CPU device: a pool of worker threads that behaves like an accelerator. Streams are
+// in-order queues; a launch runs its blocks in parallel on the pool; device memory lives in a
+// reserved address range.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/cpu/cpu_memory.hpp"
+#include "cora/detail/cpu_kernel_abi.h"
+
+namespace cora::backend::cpu {
+
+class cpu_device;
+class cpu_stream;
+
+struct cpu_event final : event {
+  explicit cpu_event(bool t) : timing(t) {}
+  const bool timing;
+  std::mutex mutex;
+  cpu_stream* stream = nullptr;  // where the latest record was enqueued
+  std::uint64_t seq = 0;
+  std::atomic<std::uint64_t> stamp_ns{0};  // when the latest record ran
+};
+
+/// One unit of stream work. Launches and large copies run as several pieces on the pool.
+struct op {
+  enum class kind : std::uint8_t { copy, fill, launch, host_func, record, wait };
+  kind k = kind::copy;
+  std::uint64_t seq = 0;
+  cpu_stream* stream = nullptr;
+
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  std::size_t bytes = 0;
+  std::size_t chunk = 0;
+  std::uint8_t value = 0;
+
+  cora_cpu_entry_fn entry = nullptr;
+  std::vector<std::byte> args;      // launch argument block, or a snapshot of a pageable source
+  const void* device_args = nullptr;
+  std::uint32_t grid = 0;
+  std::uint32_t batch = 1;
+  std::uint64_t timeout_ns = 0;
+  cora_cpu_launch launch{};
+  volatile std::uint32_t abort = 0;
+
+  std::function<void()> fn;
+  cpu_event* ev = nullptr;
+  cpu_stream* wait_stream = nullptr;
+  std::uint64_t wait_seq = 0;
+
+  std::atomic<std::uint32_t> next{0};
+  std::atomic<std::uint32_t> pieces{0};
+  std::atomic<int> status{0};
+  std::string message;
+};
+
+/// Worker threads sharing one queue of op pieces.
+class worker_pool {
+ public:
+  worker_pool(cpu_device& device, unsigned threads);
+  ~worker_pool();
+  void submit(op* o, unsigned pieces);
+  void stop() noexcept;
+  unsigned size() const noexcept { return static_cast<unsigned>(threads_.size()); }
+
+ private:
+  void run();
+  cpu_device& device_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<op*> queue_;
+  std::atomic<std::size_t> queued_{0};
+  unsigned sleeping_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+class cpu_stream final : public stream {
+ public:
+  explicit cpu_stream(cpu_device& device);
+  ~cpu_stream() override;
+
+  void copy(std::uint64_t seq, void* dst, const void* src, std::size_t bytes,
+            bool src_pageable) override;
+  void fill(std::uint64_t seq, void* dst, std::uint8_t value, std::size_t bytes) override;
+  void launch(std::uint64_t seq, const launch_desc& launch, std::error_code& ec,
+              std::string& message) override;
+  void host_func(std::uint64_t seq, std::function<void()> fn, std::error_code& ec) override;
+  void record(std::uint64_t seq, event& ev) override;
+  void wait(std::uint64_t seq, event& ev) override;
+
+  marker record_marker(std::uint64_t seq) override;
+  marker_state query(const marker& m) override;
+  bool wait_marker(const marker& m, clock::time_point deadline) override;
+  void release_marker(const marker&) noexcept override {}
+  fault take_fault() override;
+
+  std::uint64_t completed() const noexcept { return completed_.load(std::memory_order_acquire); }
+
+  // Called by the device.
+  void push(op* o);
+  /// Marks `o` done; returns the ops that can start now.
+  void finished(op* o, std::vector<op*>& ready);
+  /// Registers a wait op of another stream that needs our op `seq`; false if already done.
+  bool add_dependent(std::uint64_t seq, op* waiter);
+  void abort_running() noexcept;
+
+ private:
+  cpu_device& device_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int blocked_ = 0;
+  std::deque<op*> queue_;
+  op* running_ = nullptr;
+  std::atomic<std::uint64_t> completed_{0};
+  std::atomic<std::uint64_t> fault_seq_{~std::uint64_t{0}};
+  fault fault_;
+  std::vector<std::pair<std::uint64_t, op*>> dependents_;
+};
+
+class cpu_device final : public device {
+ public:
+  cpu_device(unsigned ordinal, unsigned compute_units, std::size_t memory);
+  ~cpu_device() override;
+
+  const device_info& info() const override { return info_; }
+  void* alloc(std::size_t bytes, std::error_code& ec) override;
+  void free(void* p) noexcept override;
+  void* alloc_host(std::size_t bytes, std::error_code& ec) override;
+  void free_host(void* p) noexcept override;
+  bool owns_address(const void* p) const noexcept override { return memory_.contains(p); }
+  void copy_sync(void* dst, const void* src, std::size_t bytes, std::error_code& ec) override;
+  std::unique_ptr<stream> create_stream(int priority, std::error_code& ec) override;
+  std::unique_ptr<event> create_event(bool timing, std::error_code& ec) override;
+  double elapsed_ms(event& start, event& end, std::error_code& ec) override;
+  bool event_done(event& ev, std::error_code& ec) override;
+  bool accepts(image_kind kind) const override { return kind == image_kind::cpu_elf; }
+  std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
+                               std::error_code& ec, std::string& message) override;
+  std::uint64_t markers_recorded() const override {
+    return markers_.load(std::memory_order_relaxed);
+  }
+  void shutdown() noexcept override;
+
+  // Used by streams and workers.
+  void start(op* o);
+  void run_piece(op* o);
+  void count_marker() noexcept { markers_.fetch_add(1, std::memory_order_relaxed); }
+  void add_stream(cpu_stream* s);
+  void remove_stream(cpu_stream* s);
+  unsigned workers() const noexcept { return pool_.size(); }
+  bool stopped() const noexcept { return stopped_.load(std::memory_order_acquire); }
+
+ private:
+  void finish(op* o);
+  void execute(op* o);
+
+  device_info info_;
+  device_memory memory_;
+  std::atomic<std::uint64_t> markers_{0};
+  std::atomic<bool> stopped_{false};
+  std::mutex streams_mutex_;
+  std::set<cpu_stream*> streams_;
+  worker_pool pool_;  // last: its threads use the members above
+};
+
+}  // namespace cora::backend::cpu

@@ -1,0 +1,11 @@
+// Used when cora is built without the CUDA toolkit.
+#include "backend/backend.hpp"
+
+namespace cora::backend {
+
+std::vector<std::unique_ptr<device>> make_cuda_devices(std::string& reason) {
+  reason = "cora was built without the CUDA backend";
+  return {};
+}
+
+}  // namespace cora::backend

@@ -1,0 +1,115 @@
+#include <asio/error.hpp>
+
+#include "core/engine.hpp"
+#include "core/state.hpp"
+
+namespace cora::detail {
+
+void async_state_base::complete(std::error_code ec, std::string message) {
+  wait_node* list;
+  {
+    std::lock_guard lock(mutex_);
+    if (done_.load(std::memory_order_relaxed)) return;
+    ec_ = ec;
+    message_ = std::move(message);
+    done_.store(true, std::memory_order_release);
+    list = std::exchange(waiters_, nullptr);
+  }
+  std::vector<wait_node*> fired;
+  for (wait_node* n = list; n;) {
+    wait_node* next = n->next;
+    int expected = 0;
+    if (n->state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+      n->linked = false;
+      n->ec = ec;
+      fired.push_back(n);
+    }
+    n = next;
+  }
+  fire(fired, false);
+}
+
+bool async_state_base::ready(std::uint64_t, std::error_code& ec) noexcept {
+  if (!done_.load(std::memory_order_acquire)) return false;
+  ec = ec_;
+  return true;
+}
+
+bool async_state_base::arm(wait_node& node, std::uint64_t, const asio::any_io_executor*) {
+  std::lock_guard lock(mutex_);
+  if (done_.load(std::memory_order_relaxed)) {
+    node.ec = ec_;
+    return false;
+  }
+  node.source = this;
+  node.group = nullptr;
+  node.state.store(0, std::memory_order_relaxed);
+  node.prev = nullptr;
+  node.next = waiters_;
+  if (waiters_) waiters_->prev = &node;
+  waiters_ = &node;
+  node.linked = true;
+  return true;
+}
+
+bool async_state_base::disarm(wait_node& node) noexcept {
+  int expected = 0;
+  if (!node.state.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) return false;
+  std::lock_guard lock(mutex_);
+  if (node.linked) {
+    if (node.prev)
+      node.prev->next = node.next;
+    else
+      waiters_ = node.next;
+    if (node.next) node.next->prev = node.prev;
+    node.linked = false;
+  }
+  return true;
+}
+
+std::error_code async_state_base::block(std::uint64_t seq) {
+  std::error_code ec;
+  if (ready(seq, ec)) return ec;
+  struct blocking_node : wait_node {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+  } node;
+  node.on_complete = [](wait_node& n, bool) noexcept {
+    auto& b = static_cast<blocking_node&>(n);
+    std::lock_guard lock(b.m);
+    b.done = true;
+    b.cv.notify_one();
+  };
+  if (!arm(node, seq, nullptr)) return node.ec;
+  std::unique_lock lock(node.m);
+  node.cv.wait(lock, [&] { return node.done; });
+  return node.ec;
+}
+
+std::string async_state_base::message(std::uint64_t) const {
+  std::lock_guard lock(mutex_);
+  return message_;
+}
+
+void async_state_base::dropped(std::uint64_t, bool observed) noexcept {
+  if (observed || !sticky_target_) return;
+  std::error_code ec;
+  if (!ready(0, ec) || !ec) return;
+  std::lock_guard lock(mutex_);
+  report_unobserved(*sticky_target_, ec, message_);
+}
+
+void report_unobserved(completion_source& stream, std::error_code ec,
+                       const std::string& message) noexcept {
+  static_cast<stream_state&>(stream).set_sticky(ec, message);
+}
+
+op_handle failed_op(std::error_code ec, std::string message, stream_state* stream) {
+  auto st = make_intrusive<async_state<void>>();
+  if (stream) st->set_sticky_target(intrusive_ptr<completion_source>::share(stream));
+  st->complete(ec, std::move(message));
+  return op_handle(intrusive_ptr<completion_source>(std::move(st)), 0);
+}
+
+}  // namespace cora::detail

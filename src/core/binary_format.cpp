@@ -1,0 +1,366 @@
+#include "core/binary_format.hpp"
+
+#include <elf.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "cora/detail/arg_layout.hpp"
+#include "cora/detail/cpu_kernel_abi.h"
+#include "cora/error.hpp"
+
+namespace cora::detail {
+
+namespace {
+
+constexpr char corabin_magic[8] = {'C', 'O', 'R', 'A', 'B', 'I', 'N', '1'};
+constexpr std::uint32_t corabin_version = 1;
+constexpr std::uint32_t max_images = 16;
+constexpr std::uint32_t max_kernels = 4096;
+constexpr std::size_t max_args_block = 64 * 1024;
+constexpr std::uint32_t fatbin_magic = 0xBA55ED50u;
+
+// Little-endian on-disk layout of a .corabin container:
+//   header | image table | kernel records (cora_kernel_record) | images (64-byte aligned)
+struct corabin_header {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t header_size;
+  std::uint32_t image_count;
+  std::uint32_t kernel_count;
+  std::uint64_t records_offset;
+  std::uint64_t total_size;
+};
+struct corabin_entry {
+  std::uint32_t kind;
+  std::uint32_t arch;
+  std::uint64_t offset;
+  std::uint64_t size;
+  std::uint64_t checksum;  // FNV-1a 64 of the image bytes
+};
+
+template <class T>
+bool read_at(std::span<const std::byte> bytes, std::uint64_t offset, T& out) noexcept {
+  if (offset > bytes.size() || bytes.size() - offset < sizeof(T)) return false;
+  std::memcpy(&out, bytes.data() + offset, sizeof(T));
+  return true;
+}
+
+bool in_bounds(std::span<const std::byte> bytes, std::uint64_t offset, std::uint64_t size) noexcept {
+  return offset <= bytes.size() && size <= bytes.size() - offset;
+}
+
+std::uint64_t fnv1a(std::span<const std::byte> bytes) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : bytes) {
+    h ^= static_cast<std::uint8_t>(b);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+bool fail(std::error_code& ec, std::string& message, std::string what) {
+  ec = make_error_code(errc::invalid_binary);
+  message = std::move(what);
+  return false;
+}
+
+bool is_ptx(std::span<const std::byte> bytes) noexcept {
+  // Text that declares a PTX version near its start, after blank lines and // comments.
+  const std::size_t limit = std::min<std::size_t>(bytes.size(), 4096);
+  std::size_t i = 0;
+  while (i < limit) {
+    const char c = static_cast<char>(bytes[i]);
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+      ++i;
+    } else if (c == '/' && i + 1 < limit && static_cast<char>(bytes[i + 1]) == '/') {
+      while (i < limit && static_cast<char>(bytes[i]) != '\n') ++i;
+    } else {
+      static constexpr char version[] = ".version";
+      return limit - i >= sizeof(version) - 1 &&
+             std::memcmp(bytes.data() + i, version, sizeof(version) - 1) == 0;
+    }
+  }
+  return false;
+}
+
+bool valid_kernel_name(const char* name, std::size_t cap, std::string& out) {
+  const void* nul = std::memchr(name, '\0', cap);
+  if (!nul) return false;
+  out.assign(name, static_cast<const char*>(nul));
+  if (out.empty()) return false;
+  for (char c : out)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
+      return false;
+  return !(out[0] >= '0' && out[0] <= '9');
+}
+
+bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
+                  std::vector<backend::kernel_desc>& out, std::error_code& ec,
+                  std::string& message) {
+  constexpr std::size_t rs = sizeof(cora_kernel_record);
+  if (section.size() % rs != 0)
+    return fail(ec, message, "kernel records are truncated");
+  const std::size_t n = section.size() / rs;
+  if (n > max_kernels) return fail(ec, message, "too many kernel records");
+  if (count_hint != std::numeric_limits<std::uint64_t>::max() && n != count_hint)
+    return fail(ec, message, "kernel record count does not match the header");
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < n; ++i) {
+    cora_kernel_record r;
+    std::memcpy(&r, section.data() + i * rs, rs);
+    if (std::memcmp(r.magic, CORA_KERNEL_RECORD_MAGIC, 8) != 0 || r.record_size != rs)
+      return fail(ec, message, "kernel record " + std::to_string(i) + " is malformed");
+    if (r.param_count > CORA_KERNEL_MAX_PARAMS)
+      return fail(ec, message, "kernel record " + std::to_string(i) + " has too many parameters");
+    backend::kernel_desc k;
+    if (!valid_kernel_name(r.name, sizeof(r.name), k.name))
+      return fail(ec, message, "kernel record " + std::to_string(i) + " has an invalid name");
+    if (!names.insert(k.name).second)
+      return fail(ec, message, "kernel '" + k.name + "' is defined twice");
+    if (r.flags & CORA_KERNEL_FLAG_HAS_ENTRY_KEY) k.entry_key = r.entry_key;
+    for (std::uint32_t p = 0; p < r.param_count; ++p) {
+      const std::uint32_t size = r.param_size[p], align = r.param_align[p];
+      if (size == 0 || size > max_args_block || align == 0 || (align & (align - 1)) != 0 ||
+          align > 4096)
+        return fail(ec, message, "kernel '" + k.name + "' has a malformed parameter");
+      k.params.push_back({size, align});
+    }
+    bool ok = true;
+    canonical_block_size(k.params, ok);
+    if (!ok) return fail(ec, message, "kernel '" + k.name + "' takes over 64 KiB of arguments");
+    out.push_back(std::move(k));
+  }
+  return true;
+}
+
+}  // namespace
+
+binary_kind sniff_binary(std::span<const std::byte> bytes) noexcept {
+  if (bytes.size() >= sizeof(corabin_magic) &&
+      std::memcmp(bytes.data(), corabin_magic, sizeof(corabin_magic)) == 0)
+    return binary_kind::corabin;
+  if (bytes.size() >= sizeof(Elf64_Ehdr) && std::memcmp(bytes.data(), ELFMAG, SELFMAG) == 0) {
+    Elf64_Ehdr eh;
+    std::memcpy(&eh, bytes.data(), sizeof(eh));
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB)
+      return binary_kind::foreign_elf;
+    if (eh.e_machine == EM_X86_64 && eh.e_type == ET_DYN) return binary_kind::cpu_elf;
+    if (eh.e_machine == EM_CUDA) return binary_kind::cuda_cubin;
+    return binary_kind::foreign_elf;
+  }
+  std::uint32_t magic = 0;
+  if (bytes.size() >= 16 && read_at(bytes, 0, magic) && magic == fatbin_magic)
+    return binary_kind::cuda_fatbin;
+  if (is_ptx(bytes)) return binary_kind::cuda_ptx;
+  return binary_kind::unknown;
+}
+
+const char* binary_kind_name(binary_kind kind) noexcept {
+  switch (kind) {
+    case binary_kind::corabin: return "corabin";
+    case binary_kind::cpu_elf: return "cpu-elf";
+    case binary_kind::cuda_cubin: return "cuda-cubin";
+    case binary_kind::cuda_fatbin: return "cuda-fatbin";
+    case binary_kind::cuda_ptx: return "cuda-ptx";
+    case binary_kind::foreign_elf: return "foreign-elf";
+    case binary_kind::unknown: break;
+  }
+  return "unknown";
+}
+
+backend::image_kind to_image_kind(binary_kind kind) noexcept {
+  switch (kind) {
+    case binary_kind::cuda_cubin: return backend::image_kind::cuda_cubin;
+    case binary_kind::cuda_fatbin: return backend::image_kind::cuda_fatbin;
+    case binary_kind::cuda_ptx: return backend::image_kind::cuda_ptx;
+    default: return backend::image_kind::cpu_elf;
+  }
+}
+
+std::vector<backend::kernel_desc> read_cpu_kernel_records(std::span<const std::byte> elf,
+                                                          std::error_code& ec,
+                                                          std::string& message) {
+  ec.clear();
+  std::vector<backend::kernel_desc> out;
+  Elf64_Ehdr eh;
+  if (!read_at(elf, 0, eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
+    fail(ec, message, "not an ELF image");
+    return {};
+  }
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB ||
+      eh.e_machine != EM_X86_64 || eh.e_type != ET_DYN) {
+    fail(ec, message, "not an x86-64 shared object");
+    return {};
+  }
+  if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum ||
+      !in_bounds(elf, eh.e_shoff, static_cast<std::uint64_t>(eh.e_shnum) * sizeof(Elf64_Shdr))) {
+    fail(ec, message, "ELF section table is malformed");
+    return {};
+  }
+  auto section = [&](std::uint32_t i, Elf64_Shdr& sh) {
+    return read_at(elf, eh.e_shoff + static_cast<std::uint64_t>(i) * sizeof(Elf64_Shdr), sh);
+  };
+  Elf64_Shdr strtab;
+  if (!section(eh.e_shstrndx, strtab) || strtab.sh_type != SHT_STRTAB ||
+      !in_bounds(elf, strtab.sh_offset, strtab.sh_size)) {
+    fail(ec, message, "ELF section names are malformed");
+    return {};
+  }
+  static constexpr char wanted[] = CORA_KERNEL_RECORD_SECTION;
+  for (std::uint32_t i = 0; i < eh.e_shnum; ++i) {
+    Elf64_Shdr sh;
+    if (!section(i, sh)) break;
+    if (sh.sh_name >= strtab.sh_size || strtab.sh_size - sh.sh_name < sizeof(wanted)) continue;
+    if (std::memcmp(elf.data() + strtab.sh_offset + sh.sh_name, wanted, sizeof(wanted)) != 0)
+      continue;
+    if (sh.sh_type != SHT_PROGBITS || !in_bounds(elf, sh.sh_offset, sh.sh_size)) {
+      fail(ec, message, "the kernel record section is malformed");
+      return {};
+    }
+    if (!read_records(elf.subspan(sh.sh_offset, sh.sh_size),
+                      std::numeric_limits<std::uint64_t>::max(), out, ec, message))
+      return {};
+    if (out.empty()) {
+      fail(ec, message, "the image defines no kernels");
+      return {};
+    }
+    return out;
+  }
+  fail(ec, message, "ELF image has no cora kernel records (not built with cora_add_kernel_binary)");
+  return {};
+}
+
+corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std::string& message) {
+  ec.clear();
+  corabin out;
+  corabin_header h;
+  if (!read_at(bytes, 0, h) || std::memcmp(h.magic, corabin_magic, sizeof(corabin_magic)) != 0) {
+    fail(ec, message, "not a corabin container");
+    return {};
+  }
+  if (h.version != corabin_version) {
+    fail(ec, message, "unsupported corabin version " + std::to_string(h.version));
+    return {};
+  }
+  if (h.header_size != sizeof(corabin_header) || h.total_size != bytes.size()) {
+    fail(ec, message, "corabin container is truncated or has trailing bytes");
+    return {};
+  }
+  if (h.image_count == 0 || h.image_count > max_images || h.kernel_count > max_kernels) {
+    fail(ec, message, "corabin container has a bad image or kernel count");
+    return {};
+  }
+  const std::uint64_t table = sizeof(corabin_header);
+  if (!in_bounds(bytes, table, std::uint64_t{h.image_count} * sizeof(corabin_entry))) {
+    fail(ec, message, "corabin image table is truncated");
+    return {};
+  }
+  const std::uint64_t records_size = std::uint64_t{h.kernel_count} * sizeof(cora_kernel_record);
+  if (!in_bounds(bytes, h.records_offset, records_size)) {
+    fail(ec, message, "corabin kernel records are truncated");
+    return {};
+  }
+  if (!read_records(bytes.subspan(h.records_offset, records_size), h.kernel_count, out.kernels,
+                    ec, message))
+    return {};
+  for (std::uint32_t i = 0; i < h.image_count; ++i) {
+    corabin_entry e;
+    read_at(bytes, table + std::uint64_t{i} * sizeof(corabin_entry), e);
+    if (e.size == 0 || !in_bounds(bytes, e.offset, e.size)) {
+      fail(ec, message, "corabin image " + std::to_string(i) + " lies outside the file");
+      return {};
+    }
+    auto image = bytes.subspan(e.offset, e.size);
+    if (fnv1a(image) != e.checksum) {
+      fail(ec, message, "corabin image " + std::to_string(i) + " fails its checksum");
+      return {};
+    }
+    const auto kind = static_cast<binary_kind>(e.kind);
+    if (kind != binary_kind::cpu_elf && kind != binary_kind::cuda_cubin &&
+        kind != binary_kind::cuda_fatbin && kind != binary_kind::cuda_ptx) {
+      fail(ec, message, "corabin image " + std::to_string(i) + " has an unknown kind");
+      return {};
+    }
+    if (sniff_binary(image) != kind) {
+      fail(ec, message, "corabin image " + std::to_string(i) + " is not what its entry says");
+      return {};
+    }
+    out.images.push_back({kind, e.arch, image});
+  }
+  return out;
+}
+
+std::vector<std::byte> write_corabin(const std::vector<corabin_input>& images,
+                                     const std::vector<backend::kernel_desc>& kernels) {
+  corabin_header h{};
+  std::memcpy(h.magic, corabin_magic, sizeof(corabin_magic));
+  h.version = corabin_version;
+  h.header_size = sizeof(corabin_header);
+  h.image_count = static_cast<std::uint32_t>(images.size());
+  h.kernel_count = static_cast<std::uint32_t>(kernels.size());
+  h.records_offset = sizeof(corabin_header) + images.size() * sizeof(corabin_entry);
+  std::uint64_t end = h.records_offset + kernels.size() * sizeof(cora_kernel_record);
+  std::vector<corabin_entry> entries;
+  for (const auto& img : images) {
+    end = align_up(end, 64);
+    entries.push_back({static_cast<std::uint32_t>(img.kind), img.arch, end, img.bytes.size(),
+                       fnv1a(img.bytes)});
+    end += img.bytes.size();
+  }
+  h.total_size = end;
+  std::vector<std::byte> out(end);
+  std::memcpy(out.data(), &h, sizeof(h));
+  std::memcpy(out.data() + sizeof(h), entries.data(), entries.size() * sizeof(corabin_entry));
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    cora_kernel_record r{};
+    std::memcpy(r.magic, CORA_KERNEL_RECORD_MAGIC, 8);
+    r.record_size = sizeof(r);
+    r.param_count = static_cast<std::uint32_t>(kernels[i].params.size());
+    std::memcpy(r.name, kernels[i].name.data(),
+                std::min(kernels[i].name.size(), sizeof(r.name) - 1));
+    if (kernels[i].entry_key) {
+      r.entry_key = *kernels[i].entry_key;
+      r.flags |= CORA_KERNEL_FLAG_HAS_ENTRY_KEY;
+    }
+    for (std::size_t p = 0; p < kernels[i].params.size() && p < CORA_KERNEL_MAX_PARAMS; ++p) {
+      r.param_size[p] = kernels[i].params[p].size;
+      r.param_align[p] = kernels[i].params[p].align;
+    }
+    std::memcpy(out.data() + h.records_offset + i * sizeof(r), &r, sizeof(r));
+  }
+  for (std::size_t i = 0; i < images.size(); ++i)
+    std::memcpy(out.data() + entries[i].offset, images[i].bytes.data(), images[i].bytes.size());
+  return out;
+}
+
+std::size_t canonical_block_size(const std::vector<backend::param_desc>& params, bool& ok) noexcept {
+  std::size_t end = 0;
+  for (const auto& p : params) {
+    end = next_param_offset(end, p.align) + p.size;
+    if (end > max_args_block) {
+      ok = false;
+      return 0;
+    }
+  }
+  ok = true;
+  return align_up(end, 8);
+}
+
+bool entry_key_of(const std::string& name, std::uint64_t& key) noexcept {
+  const auto us = name.rfind('_');
+  if (us == std::string::npos || us + 1 >= name.size() || us == 0) return false;
+  std::uint64_t k = 0;
+  for (std::size_t i = us + 1; i < name.size(); ++i) {
+    const char c = name[i];
+    if (c < '0' || c > '9') return false;
+    if (k > (std::numeric_limits<std::uint64_t>::max() - 9) / 10) return false;
+    k = k * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  key = k;
+  return true;
+}
+
+}  // namespace cora::detail

@@ -1,0 +1,261 @@
+#include "cora/device.hpp"
+
+#include <asio/post.hpp>
+
+#include "core/binary_loader.hpp"
+#include "core/host_pool.hpp"
+#include "core/state.hpp"
+#include "io/file_reader.hpp"
+
+namespace cora {
+
+namespace detail {
+
+void free_device_memory(device_state& dev, void* p) noexcept {
+  if (dev.remove_allocation(p)) dev.backend->free(p);
+}
+
+void free_host_memory(device_state& dev, void* p) noexcept {
+  device_state* owner = nullptr;
+  if (dev.runtime->remove_pinned(p, owner)) dev.backend->free_host(p);
+}
+
+namespace {
+
+/// Completes an async_state once every stream of a list has completed its synchronize.
+struct multi_wait {
+  struct node : wait_node {
+    multi_wait* owner;
+  };
+  explicit multi_wait(std::size_t n, intrusive_ptr<async_state<void>> st)
+      : nodes(n), remaining(n + 1), state(std::move(st)) {
+    handles.reserve(n);
+  }
+  std::vector<node> nodes;
+  std::atomic<std::size_t> remaining;
+  intrusive_ptr<async_state<void>> state;
+  std::mutex mutex;
+  std::error_code first;
+  std::string message;
+  std::vector<op_handle> handles;
+
+  static void on_complete(wait_node& n, bool) noexcept {
+    auto& self = *static_cast<node&>(n).owner;
+    if (n.ec) {
+      std::lock_guard lock(self.mutex);
+      if (!self.first) {
+        self.first = n.ec;
+        self.message = n.source ? n.source->message(n.seq) : std::string();
+      }
+    }
+    self.arrive();
+  }
+  void arrive() noexcept {
+    if (remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    auto st = std::move(state);
+    std::error_code ec = first;
+    std::string m = std::move(message);
+    delete this;
+    try {
+      st->complete(ec, std::move(m));
+    } catch (...) {
+    }
+  }
+};
+
+}  // namespace
+}  // namespace detail
+
+const device_properties& device::properties() const noexcept { return s_->properties; }
+
+std::size_t device::index() const noexcept { return s_->index; }
+
+void* device::malloc(std::size_t bytes, std::error_code& ec) {
+  if (s_->shut_down.load(std::memory_order_acquire)) {
+    detail::set_error(ec, errc::runtime_shut_down, "the runtime was shut down");
+    return nullptr;
+  }
+  if (bytes == 0) {
+    detail::set_error(ec, errc::invalid_argument, "cannot allocate 0 bytes");
+    return nullptr;
+  }
+  void* p = s_->backend->alloc(bytes, ec);
+  if (ec) {
+    detail::set_error(ec, ec,
+                      "cannot allocate " + std::to_string(bytes) + " bytes on " + s_->properties.name);
+    return nullptr;
+  }
+  s_->add_allocation(p, bytes);
+  return p;
+}
+
+void* device::malloc(std::size_t bytes) {
+  std::error_code ec;
+  void* p = malloc(bytes, ec);
+  detail::throw_if(ec);
+  return p;
+}
+
+void device::free(void* p, std::error_code& ec) {
+  if (!p || !s_->remove_allocation(p)) {
+    detail::set_error(ec, errc::invalid_pointer,
+                      "free of a pointer that is no live allocation of " + s_->properties.name);
+    return;
+  }
+  s_->backend->free(p);
+  ec.clear();
+}
+
+void device::free(void* p) {
+  std::error_code ec;
+  free(p, ec);
+  detail::throw_if(ec);
+}
+
+void* device::malloc_host(std::size_t bytes, std::error_code& ec) {
+  if (s_->shut_down.load(std::memory_order_acquire)) {
+    detail::set_error(ec, errc::runtime_shut_down, "the runtime was shut down");
+    return nullptr;
+  }
+  if (bytes == 0) {
+    detail::set_error(ec, errc::invalid_argument, "cannot allocate 0 bytes");
+    return nullptr;
+  }
+  void* p = s_->backend->alloc_host(bytes, ec);
+  if (ec) {
+    detail::set_error(ec, ec, "cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory");
+    return nullptr;
+  }
+  s_->runtime->add_pinned(p, bytes, s_.get());
+  return p;
+}
+
+void* device::malloc_host(std::size_t bytes) {
+  std::error_code ec;
+  void* p = malloc_host(bytes, ec);
+  detail::throw_if(ec);
+  return p;
+}
+
+void device::free_host(void* p, std::error_code& ec) {
+  detail::device_state* owner = nullptr;
+  if (!p || !s_->runtime->remove_pinned(p, owner)) {
+    detail::set_error(ec, errc::invalid_pointer, "free_host of a pointer that is no pinned allocation");
+    return;
+  }
+  owner->backend->free_host(p);
+  ec.clear();
+}
+
+void device::free_host(void* p) {
+  std::error_code ec;
+  free_host(p, ec);
+  detail::throw_if(ec);
+}
+
+std::size_t device::memory_in_use() const noexcept { return s_->memory_in_use(); }
+
+cora::stream device::make_stream(const stream_options& options) {
+  if (s_->shut_down.load(std::memory_order_acquire))
+    throw error(errc::runtime_shut_down, "the runtime was shut down");
+  std::error_code ec;
+  auto bs = s_->backend->create_stream(options.priority, ec);
+  if (ec) throw error(ec, "cannot create a stream on " + s_->properties.name);
+  return cora::stream(detail::make_intrusive<detail::stream_state>(s_, std::move(bs)));
+}
+
+cora::event device::make_event(const event_options& options) {
+  if (s_->shut_down.load(std::memory_order_acquire))
+    throw error(errc::runtime_shut_down, "the runtime was shut down");
+  std::error_code ec;
+  auto be = s_->backend->create_event(options.timing, ec);
+  if (ec) throw error(ec, "cannot create an event on " + s_->properties.name);
+  auto st = std::make_shared<detail::event_state>();
+  st->device = s_;
+  st->backend = std::move(be);
+  st->timing = options.timing;
+  return cora::event(std::move(st));
+}
+
+namespace {
+
+pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
+                            detail::intrusive_ptr<detail::async_state<binary>> st,
+                            std::vector<std::byte> bytes, const load_options& options) {
+  // Loading calls into the driver: never on the caller's executor.
+  asio::post(detail::host_pool(), [dev = std::move(dev), st, bytes = std::move(bytes), options]() mutable {
+    std::error_code ec;
+    std::string message;
+    auto b = detail::load_binary_image(dev, std::move(bytes), options, ec, message);
+    if (ec) {
+      st->complete(ec, message);
+      return;
+    }
+    st->set_value(binary(std::move(b)));
+    st->complete({});
+  });
+  return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(st), 0));
+}
+
+}  // namespace
+
+pending<binary> device::load_binary(std::span<const std::byte> bytes, const load_options& options) {
+  auto st = detail::make_intrusive<detail::async_state<binary>>();
+  if (s_->shut_down.load(std::memory_order_acquire)) {
+    st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
+    return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
+  }
+  return finish_load(s_, std::move(st), std::vector<std::byte>(bytes.begin(), bytes.end()), options);
+}
+
+pending<binary> device::load_binary(const std::filesystem::path& path, const load_options& options) {
+  auto st = detail::make_intrusive<detail::async_state<binary>>();
+  if (s_->shut_down.load(std::memory_order_acquire)) {
+    st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
+    return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
+  }
+  detail::read_whole_file(path, [dev = s_, st, options, path](std::error_code ec, std::string message,
+                                                               std::vector<std::byte> bytes) mutable {
+    if (ec) {
+      st->complete(ec, std::move(message));
+      return;
+    }
+    if (bytes.empty()) {
+      st->complete(make_error_code(errc::invalid_binary), "'" + path.string() + "' is empty");
+      return;
+    }
+    std::string m;
+    auto b = detail::load_binary_image(dev, std::move(bytes), options, ec, m);
+    if (ec) {
+      st->complete(ec, "'" + path.string() + "': " + m);
+      return;
+    }
+    st->set_value(binary(std::move(b)));
+    st->complete({});
+  });
+  return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
+}
+
+pending<void> device::synchronize() {
+  auto streams = s_->streams();
+  auto st = detail::make_intrusive<detail::async_state<void>>();
+  detail::op_handle result(detail::intrusive_ptr<detail::completion_source>::share(st.get()), 0);
+  if (streams.empty()) {
+    st->complete({});
+    return pending<void>(std::move(result));
+  }
+  // One count per stream plus one for this function, so the state outlives the loop.
+  auto* mw = new detail::multi_wait(streams.size(), std::move(st));
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    auto& n = mw->nodes[i];
+    n.owner = mw;
+    n.on_complete = &detail::multi_wait::on_complete;
+    mw->handles.push_back(streams[i]->synchronize_handle());
+    const auto& h = mw->handles.back();
+    if (!h.source()->arm(n, h.seq(), nullptr)) detail::multi_wait::on_complete(n, false);
+  }
+  mw->arrive();
+  return pending<void>(std::move(result));
+}
+
+}  // namespace cora

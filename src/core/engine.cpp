@@ -1,0 +1,375 @@
+#include "core/engine.hpp"
+
+#include <sys/prctl.h>
+
+#include <algorithm>
+
+#include <asio/error.hpp>
+#include <asio/execution/context.hpp>
+#include <asio/post.hpp>
+#include <asio/query.hpp>
+
+#include "core/state.hpp"
+
+namespace cora::detail {
+
+namespace {
+
+// A group that has seen no completion for this long while its oldest op is not expected soon
+// hands its waits to the engine thread (hybrid policy).
+constexpr auto park_early = std::chrono::microseconds(100);
+// The engine thread wakes this long before an op is expected to finish, then spins.
+constexpr auto wake_margin = std::chrono::microseconds(20);
+// How long past the expected end the engine keeps spinning before sleeping in steps.
+constexpr auto overrun_spin = std::chrono::microseconds(200);
+
+struct group_policy {
+  completion_policy policy = completion_policy::blocking;
+  std::chrono::microseconds spin_limit{0};
+};
+
+int eagerness(completion_policy p) {
+  switch (p) {
+    case completion_policy::spin: return 3;
+    case completion_policy::hybrid: return 2;
+    case completion_policy::callback: return 1;
+    case completion_policy::blocking: return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void fire(std::vector<wait_node*>& nodes, bool inline_last) noexcept {
+  const std::size_t n = nodes.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    wait_node* node = nodes[i];
+    node->on_complete(*node, inline_last && i + 1 == n);
+  }
+  nodes.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// poll_group
+
+void poll_group::begin_wait(stream_state* s) {
+  std::lock_guard lock(mutex_);
+  auto it = streams_.find(s);
+  if (it == streams_.end())
+    streams_.emplace(s, std::make_pair(intrusive_ptr<stream_state>::share(s), std::size_t{1}));
+  else
+    ++it->second.second;
+  pending_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void poll_group::end_wait(stream_state* s) noexcept {
+  intrusive_ptr<stream_state> last;  // released outside the lock
+  {
+    std::lock_guard lock(mutex_);
+    auto it = streams_.find(s);
+    if (it == streams_.end()) return;
+    if (--it->second.second == 0) {
+      last = std::move(it->second.first);
+      streams_.erase(it);
+    }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+bool poll_group::poll_once(std::vector<wait_node*>& fired) {
+  thread_local std::vector<intrusive_ptr<stream_state>> snapshot;
+  snapshot.clear();
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [p, entry] : streams_) snapshot.push_back(entry.first);
+  }
+  bool progress = false;
+  const std::size_t before = fired.size();
+  for (auto& s : snapshot) progress |= s->poll(fired);
+  for (std::size_t i = before; i < fired.size(); ++i) {
+    wait_node* n = fired[i];
+    if (n->group) static_cast<poll_group*>(n->group)->end_wait(static_cast<stream_state*>(n->source));
+  }
+  snapshot.clear();
+  return progress;
+}
+
+clock::time_point poll_group::next_expected(clock::time_point) {
+  std::vector<intrusive_ptr<stream_state>> snapshot;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [p, entry] : streams_) snapshot.push_back(entry.first);
+  }
+  auto next = clock::time_point::max();
+  for (auto& s : snapshot) next = std::min(next, s->expected_ready());
+  return next;
+}
+
+completion_policy poll_group::policy() {
+  std::lock_guard lock(mutex_);
+  completion_policy p = completion_policy::blocking;
+  for (auto& [s, entry] : streams_)
+    if (eagerness(s->policy) > eagerness(p)) p = s->policy;
+  return p;
+}
+
+intrusive_ptr<stream_state> poll_group::any_stream() {
+  std::lock_guard lock(mutex_);
+  if (streams_.empty()) return {};
+  return streams_.begin()->second.first;
+}
+
+void poll_group::abort_all(std::error_code ec) noexcept {
+  std::vector<intrusive_ptr<stream_state>> snapshot;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [p, entry] : streams_) snapshot.push_back(entry.first);
+  }
+  for (auto& s : snapshot) s->abort_waits(ec, this);
+}
+
+// ---------------------------------------------------------------------------------------------
+// executor_group
+
+asio::execution_context::id executor_group::id;
+
+executor_group::executor_group(asio::execution_context& ctx)
+    : asio::execution_context::service(ctx) {}
+
+executor_group::~executor_group() { engine::get().forget(this); }
+
+executor_group& executor_group::of(const asio::any_io_executor& ex) {
+  return asio::use_service<executor_group>(asio::query(ex, asio::execution::context));
+}
+
+void executor_group::bind(const asio::any_io_executor& ex) {
+  std::lock_guard lock(state_mutex_);
+  if (!bound_) {
+    executor_ = asio::prefer(ex, asio::execution::outstanding_work.untracked);
+    bound_ = true;
+  }
+}
+
+void executor_group::post_step() {
+  asio::post(executor_, [this] { poll_step(); });
+}
+
+void executor_group::schedule() {
+  bool post = false;
+  {
+    std::lock_guard lock(state_mutex_);
+    if (state_ != state::spinning) {
+      state_ = state::spinning;
+      last_progress_ = clock::now();
+      post = true;
+    }
+  }
+  if (post) post_step();
+}
+
+bool executor_group::parked() noexcept {
+  std::lock_guard lock(state_mutex_);
+  return state_ == state::parked;
+}
+
+void executor_group::engine_progress() noexcept {
+  std::lock_guard lock(state_mutex_);
+  if (state_ == state::parked && pending() == 0) state_ = state::idle;
+}
+
+void executor_group::poll_step() {
+  thread_local std::vector<wait_node*> fired;
+  std::vector<wait_node*> local;
+  local.swap(fired);  // a nested poll step (inline resumption that runs the context) gets its own
+  local.clear();
+  const bool progress = poll_once(local);
+  const auto now = clock::now();
+  bool repost = false, park = false;
+  {
+    std::lock_guard lock(state_mutex_);
+    if (progress) last_progress_ = now;
+    if (pending() == 0) {
+      state_ = state::idle;
+    } else {
+      const completion_policy p = policy();
+      std::chrono::microseconds spin_limit{0};
+      {
+        std::lock_guard glock(mutex_);
+        for (auto& [s, entry] : streams_) spin_limit = std::max(spin_limit, s->spin_limit);
+      }
+      if (p == completion_policy::spin) {
+        repost = true;
+      } else if (p == completion_policy::hybrid) {
+        const auto expected = next_expected(now);
+        const bool far = expected != clock::time_point::max() && expected - now > park_early;
+        repost = !far && now - last_progress_ < spin_limit;
+        park = !repost;
+      } else {
+        park = true;
+      }
+      state_ = repost ? state::spinning : state::parked;
+    }
+  }
+  if (repost) post_step();
+  if (park) engine::get().park(this);
+  fire(local, true);
+  local.swap(fired);
+}
+
+void executor_group::shutdown() {
+  engine::get().forget(this);
+  abort_all(asio::error::operation_aborted);
+}
+
+// ---------------------------------------------------------------------------------------------
+// engine
+
+class engine::inline_group_t final : public poll_group {
+ public:
+  explicit inline_group_t(engine& e) : engine_(e) {}
+  void schedule() override { engine_.wake(); }
+
+ private:
+  engine& engine_;
+};
+
+engine& engine::get() {
+  // Never destroyed: waits may still be armed while the process exits.
+  static engine* e = new engine;
+  return *e;
+}
+
+engine::engine() : inline_(std::make_unique<inline_group_t>(*this)) {
+  thread_ = std::thread([this] { run(); });
+  thread_.detach();
+}
+
+poll_group& engine::inline_group() noexcept { return *inline_; }
+
+void engine::park(executor_group* g) {
+  {
+    std::lock_guard lock(mutex_);
+    if (std::find(parked_.begin(), parked_.end(), g) == parked_.end()) parked_.push_back(g);
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+void engine::forget(executor_group* g) noexcept {
+  std::lock_guard lock(mutex_);
+  parked_.erase(std::remove(parked_.begin(), parked_.end(), g), parked_.end());
+}
+
+void engine::drain(intrusive_ptr<stream_state> s) {
+  {
+    std::lock_guard lock(mutex_);
+    draining_.push_back(std::move(s));
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+void engine::wake() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    wake_ = true;
+  }
+  cv_.notify_one();
+}
+
+void engine::run() {
+  // Timed sleeps must end on time: the hybrid policy sleeps until shortly before an op ends.
+  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  std::vector<wait_node*> fired;
+  std::vector<intrusive_ptr<stream_state>> done;
+  auto backoff = std::chrono::microseconds(20);
+  for (;;) {
+    bool progress = false;
+    auto next = clock::time_point::max();
+    bool any_hybrid = false, any_waits = false;
+    intrusive_ptr<stream_state> block_stream;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] {
+        return wake_ || !parked_.empty() || inline_->pending() > 0 || !draining_.empty();
+      });
+      wake_ = false;
+      const auto now = clock::now();
+      for (auto it = parked_.begin(); it != parked_.end();) {
+        executor_group* g = *it;
+        if (!g->parked()) {
+          it = parked_.erase(it);
+          continue;
+        }
+        progress |= g->poll_once(fired);
+        g->engine_progress();
+        if (!g->parked()) {
+          it = parked_.erase(it);
+          continue;
+        }
+        any_waits = true;
+        const auto p = g->policy();
+        if (p == completion_policy::hybrid || p == completion_policy::spin) {
+          any_hybrid = true;
+          next = std::min(next, g->next_expected(now));
+        } else if (!block_stream) {
+          block_stream = g->any_stream();
+        }
+        ++it;
+      }
+      if (inline_->pending() > 0) {
+        progress |= inline_->poll_once(fired);
+        if (inline_->pending() > 0) {
+          any_waits = true;
+          any_hybrid = true;
+          next = std::min(next, inline_->next_expected(now));
+        }
+      }
+      bool draining = false;
+      for (auto it = draining_.begin(); it != draining_.end();) {
+        (*it)->drain(clock::now());  // non-blocking: polls once
+        if ((*it)->idle_observed()) {
+          done.push_back(std::move(*it));
+          it = draining_.erase(it);
+        } else {
+          draining = true;
+          ++it;
+        }
+      }
+      if (draining && !any_waits) {
+        any_waits = true;  // nobody waits for these: poll them lazily
+        next = clock::time_point::max();
+      }
+    }
+    fire(fired, false);
+    done.clear();  // last references to drained streams go here, outside the lock
+    if (progress) {
+      backoff = std::chrono::microseconds(20);
+      continue;
+    }
+    if (!any_waits) continue;
+
+    const auto now = clock::now();
+    if (!any_hybrid && block_stream) {
+      // Blocking policy: sleep in the driver on the oldest op, a bounded time so that waits
+      // parked meanwhile are not starved.
+      block_stream->block_on_front(now + std::chrono::milliseconds(2));
+      block_stream.reset();
+      continue;
+    }
+    block_stream.reset();
+    std::unique_lock lock(mutex_);
+    if (wake_) continue;
+    if (any_hybrid && next != clock::time_point::max()) {
+      if (next - now > wake_margin) {
+        cv_.wait_until(lock, next - wake_margin);
+        continue;
+      }
+      if (now < next + overrun_spin) continue;  // expected any moment: spin
+    }
+    cv_.wait_for(lock, backoff);
+    backoff = std::min(backoff * 2, std::chrono::microseconds(1000));
+  }
+}
+
+}  // namespace cora::detail

@@ -1,0 +1,127 @@
+// The completion engine: who polls for device completions, and where waiters resume.
+//
+// A wait is armed on a stream position; the stream keeps its waiters sorted and watches only
+// its oldest marker. Polling is done by poll groups:
+//  - an executor_group per Asio execution context: a poll step posted to the waiters' own
+//    executor that re-posts itself while waits are pending, so completion and resumption happen
+//    on one thread and no sleeping thread is woken in the common case;
+//  - the engine thread, which takes over an executor group whose waits are long (hybrid,
+//    blocking), and serves waits made without an executor (resumed inline, by design).
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/execution_context.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cora/detail/intrusive_ptr.hpp"
+#include "cora/detail/wait.hpp"
+#include "cora/runtime.hpp"
+
+namespace cora::detail {
+
+class stream_state;
+using clock = std::chrono::steady_clock;
+
+/// A set of waits polled together.
+class poll_group {
+ public:
+  virtual ~poll_group() = default;
+
+  /// Counts a wait on `s` (before it is linked into the stream).
+  void begin_wait(stream_state* s);
+  /// Uncounts it (after it completed or was withdrawn).
+  void end_wait(stream_state* s) noexcept;
+  /// Makes sure someone polls this group.
+  virtual void schedule() = 0;
+
+  /// Polls every watched stream once; collects the nodes that completed and uncounts them.
+  /// Returns true if any stream made progress.
+  bool poll_once(std::vector<wait_node*>& fired);
+  std::size_t pending() const noexcept { return pending_.load(std::memory_order_acquire); }
+  /// The earliest expected completion among the watched streams' oldest markers.
+  clock::time_point next_expected(clock::time_point now);
+  /// The most eager policy among the watched streams.
+  completion_policy policy();
+  /// One of the watched streams (for a blocking wait in the backend), or null.
+  intrusive_ptr<stream_state> any_stream();
+  /// Withdraws every wait of this group with `ec`, firing them.
+  void abort_all(std::error_code ec) noexcept;
+
+ protected:
+  std::mutex mutex_;
+  std::unordered_map<stream_state*, std::pair<intrusive_ptr<stream_state>, std::size_t>> streams_;
+  std::atomic<std::size_t> pending_{0};
+};
+
+/// The waits of one Asio execution context, polled on that context's own threads.
+class executor_group final : public poll_group, public asio::execution_context::service {
+ public:
+  static asio::execution_context::id id;
+  explicit executor_group(asio::execution_context& ctx);
+  ~executor_group() override;
+
+  /// The group of the context behind `ex`.
+  static executor_group& of(const asio::any_io_executor& ex);
+
+  /// Remembers where to post poll steps (the first executor that waits here).
+  void bind(const asio::any_io_executor& ex);
+  void schedule() override;
+  /// Called by the engine when it has detected completions for a parked group.
+  void engine_progress() noexcept;
+  bool parked() noexcept;
+
+ private:
+  void shutdown() override;
+  void poll_step();
+  void post_step();
+
+  enum class state { idle, spinning, parked };
+  std::mutex state_mutex_;
+  state state_ = state::idle;
+  bool bound_ = false;
+  asio::any_io_executor executor_;
+  clock::time_point last_progress_{};
+  std::vector<wait_node*> fired_;
+};
+
+/// The process-wide engine thread (started on first use, idle on a condition variable when
+/// nothing is parked or draining).
+class engine {
+ public:
+  static engine& get();
+
+  /// The group of waits that have no executor: the engine thread polls and resumes them.
+  poll_group& inline_group() noexcept;
+  /// Hands an executor group's long waits to the engine thread.
+  void park(executor_group* g);
+  /// Forgets a group (its context is being destroyed).
+  void forget(executor_group* g) noexcept;
+  /// Keeps a stream alive until its work has completed (its last handle was dropped early).
+  void drain(intrusive_ptr<stream_state> s);
+  /// Wakes the engine thread.
+  void wake() noexcept;
+
+ private:
+  engine();
+  void run();
+  class inline_group_t;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<executor_group*> parked_;
+  std::vector<intrusive_ptr<stream_state>> draining_;
+  std::unique_ptr<poll_group> inline_;
+  bool wake_ = false;
+  std::thread thread_;
+};
+
+/// Fires completed nodes. `inline_last`: the last node may resume inside this call.
+void fire(std::vector<wait_node*>& nodes, bool inline_last) noexcept;
+
+}  // namespace cora::detail

@@ -1,0 +1,383 @@
+#include "cora/stream.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/state.hpp"
+#include "cora/device.hpp"
+
+namespace cora {
+
+namespace {
+
+using detail::memory_region;
+
+pending<void> fail(errc e, std::string message, detail::stream_state* s) {
+  return pending<void>(detail::failed_op(make_error_code(e), std::move(message), s));
+}
+
+pending<void> fail(std::error_code ec, detail::stream_state* s) {
+  return pending<void>(detail::failed_op(ec, last_error_message(), s));
+}
+
+pending<void> done_op() {
+  auto st = detail::make_intrusive<detail::async_state<void>>();
+  st->complete({});
+  return pending<void>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
+}
+
+std::string dims(const dim3& d) {
+  return std::to_string(d.x) + "x" + std::to_string(d.y) + "x" + std::to_string(d.z);
+}
+
+// Checks what every backend needs of a launch configuration.
+bool check_config(const detail::device_state& dev, const launch_config& cfg, std::string& message) {
+  const auto& p = dev.properties;
+  if (cfg.grid.volume() == 0) {
+    message = "the grid has no blocks (" + dims(cfg.grid) + ")";
+    return false;
+  }
+  if (cfg.grid.x > p.max_grid.x || cfg.grid.y > p.max_grid.y || cfg.grid.z > p.max_grid.z ||
+      cfg.grid.volume() > 0xffffffffull) {
+    message = "grid " + dims(cfg.grid) + " exceeds the device limit " + dims(p.max_grid);
+    return false;
+  }
+  if (cfg.block.volume() == 0 || cfg.block.volume() > p.max_threads_per_block ||
+      cfg.block.x > p.max_block.x || cfg.block.y > p.max_block.y || cfg.block.z > p.max_block.z) {
+    message = "block " + dims(cfg.block) + " exceeds the device limit " + dims(p.max_block) +
+              " (" + std::to_string(p.max_threads_per_block) + " threads)";
+    return false;
+  }
+  if (cfg.timeout.count() < 0) {
+    message = "negative timeout";
+    return false;
+  }
+  return true;
+}
+
+struct launch_keep {
+  std::shared_ptr<backend::module> module;
+  std::shared_ptr<detail::kernel_state> kernel;
+};
+
+}  // namespace
+
+stream::stream(detail::intrusive_ptr<detail::stream_state> s) noexcept : s_(std::move(s)) {}
+stream::stream(stream&&) noexcept = default;
+stream& stream::operator=(stream&& o) noexcept {
+  if (this != &o) {
+    stream old(std::move(*this));
+    s_ = std::move(o.s_);
+  }
+  return *this;
+}
+
+stream::~stream() {
+  // Work still in flight keeps the stream alive: the engine releases it when the work is done.
+  if (s_ && !s_->idle_observed()) detail::engine::get().drain(std::move(s_));
+}
+
+cora::device& stream::device() const {
+  if (!s_) throw error(errc::invalid_handle, "empty stream handle");
+  return *s_->device->handle;
+}
+
+bool stream::idle() const { return !s_ || s_->query_idle(); }
+
+// --- copies ---------------------------------------------------------------------------------
+
+pending<void> stream::copy(void* dst, const void* src, std::size_t bytes) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (bytes == 0) return done_op();
+  auto& dev = *s_->device;
+  std::error_code ec;
+  const memory_region d = dev.classify(dst, bytes, ec);
+  if (ec) return fail(ec.value() == static_cast<int>(errc::invalid_pointer)
+                          ? make_error_code(errc::invalid_pointer)
+                          : ec,
+                      s_.get());
+  const memory_region s = dev.classify(src, bytes, ec);
+  if (ec) return fail(ec, s_.get());
+  for (const memory_region* r : {&d, &s})
+    if (r->k == memory_region::kind::device && r->device->properties.backend != dev.properties.backend)
+      return fail(errc::wrong_device, "copy involves memory of " + r->device->properties.name +
+                                          ", which this stream's device cannot reach", s_.get());
+  const bool pageable = s.k == memory_region::kind::pageable_host;
+  return pending<void>(s_->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
+    s_->backend->copy(seq, dst, src, bytes, pageable);
+  }));
+}
+
+pending<void> stream::copy_checked(void* dst, std::size_t dst_bytes, const void* src,
+                                   std::size_t src_bytes) {
+  if (src_bytes > dst_bytes)
+    return fail(errc::out_of_range,
+                "copy of " + std::to_string(src_bytes) + " bytes into a buffer of " +
+                    std::to_string(dst_bytes) + " bytes",
+                s_.get());
+  return copy(dst, src, src_bytes);
+}
+
+pending<void> stream::fill(void* dst, std::uint8_t value, std::size_t bytes) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (bytes == 0) return done_op();
+  std::error_code ec;
+  s_->device->classify(dst, bytes, ec);
+  if (ec) return fail(ec, s_.get());
+  return pending<void>(s_->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
+    s_->backend->fill(seq, dst, value, bytes);
+  }));
+}
+
+// --- launches -------------------------------------------------------------------------------
+
+namespace detail {
+
+// Validates the kernel against the stream, enqueues the staging copy of placeholder data (if
+// any) and the launch, as one position in the stream.
+pending<void> launch_block(stream_state* s, const kernel& k, const launch_config& cfg,
+                           std::span<const std::byte> block, std::span<const placeholder_info> phs,
+                           const void* device_block) {
+  auto& dev = *s->device;
+  const auto& ks = k.state();
+  std::error_code ec;
+  auto module = ks->binary->module_for_launch(ec);
+  if (ec) return pending<void>(failed_op(ec, last_error_message(), s));
+  if (ks->binary->device.get() != &dev)
+    return pending<void>(failed_op(make_error_code(errc::wrong_device),
+                                   "kernel '" + ks->desc->name + "' was loaded on " +
+                                       ks->binary->device->properties.name + ", not on " +
+                                       dev.properties.name,
+                                   s));
+  std::string message;
+  if (!check_config(dev, cfg, message))
+    return pending<void>(failed_op(make_error_code(errc::invalid_launch_config), message, s));
+
+  // Placeholder slots get the device address of the staged copy of the whole block.
+  std::vector<std::byte> patched;
+  std::span<const std::byte> params = block.first(std::min(block.size(), ks->args_size));
+  if (!phs.empty()) patched.assign(params.begin(), params.end());
+
+  auto keep = std::make_shared<launch_keep>(launch_keep{std::move(module), ks});
+  backend::launch_desc desc;
+  desc.function = ks->function;
+  desc.kernel = ks->desc;
+  desc.config = cfg;
+  desc.device_args = device_block;
+  return pending<void>(s->enqueue(
+      [&](std::uint64_t& seq, std::error_code& e, std::string& m) {
+        if (!phs.empty()) {
+          const std::uint64_t launch_seq = seq + 1;
+          auto slice = s->arena().take(dev, block.size(), launch_seq, s->completed_position(), e);
+          if (e) {
+            m = "cannot stage placeholder data: " + e.message();
+            return;
+          }
+          std::memcpy(slice.host, block.data(), block.size());
+          for (const auto& ph : phs) {
+            const auto addr = reinterpret_cast<std::uintptr_t>(slice.device + ph.data_offset);
+            std::memcpy(patched.data() + ph.addr_offset, &addr, sizeof(addr));
+          }
+          s->backend->copy(seq, slice.device, slice.host, block.size(), false);
+          s->commit_locked(seq, nullptr);
+          seq = launch_seq;
+          desc.args = patched.data();
+          desc.args_size = patched.size();
+        } else if (!device_block) {
+          desc.args = params.data();
+          desc.args_size = params.size();
+        }
+        s->backend->launch(seq, desc, e, m);
+      },
+      keep));
+}
+
+}  // namespace detail
+
+pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
+                                   std::span<const detail::arg_view> args) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  const auto& params = k.state()->params;
+  const std::string& name = k.state()->desc->name;
+  if (args.size() != params.size())
+    return fail(errc::argument_mismatch,
+                "kernel '" + name + "' takes " + std::to_string(params.size()) + " arguments, " +
+                    std::to_string(args.size()) + " given",
+                s_.get());
+  // Canonical block, on the stack for the usual few arguments.
+  std::byte small[256];
+  std::vector<std::byte> big;
+  std::byte* block = small;
+  if (k.args_size() > sizeof(small)) {
+    big.resize(k.args_size());
+    block = big.data();
+  }
+  std::memset(block, 0, k.args_size());
+  auto& dev = *s_->device;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    if (a.size != params[i].size)
+      return fail(errc::argument_mismatch,
+                  "argument " + std::to_string(i) + " of kernel '" + name + "' has " +
+                      std::to_string(a.size) + " bytes; the parameter has " +
+                      std::to_string(params[i].size),
+                  s_.get());
+    if (a.k == detail::arg_view::kind::buffer && a.owner != &dev)
+      return fail(errc::wrong_device,
+                  "argument " + std::to_string(i) + " is memory of another device", s_.get());
+    if (a.k == detail::arg_view::kind::pointer) {
+      const void* p;
+      std::memcpy(&p, a.data, sizeof(p));
+      if (p) {
+        std::error_code ec;
+        const auto r = dev.classify(p, 1, ec);
+        if (ec || r.k == detail::memory_region::kind::pageable_host)
+          return fail(errc::invalid_pointer,
+                      "argument " + std::to_string(i) + " of kernel '" + name +
+                          "' is no pointer into a live allocation" +
+                          (ec ? " (" + last_error_message() + ")" : " (it points to host memory)"),
+                      s_.get());
+        if (r.k == detail::memory_region::kind::device && r.device != &dev)
+          return fail(errc::wrong_device,
+                      "argument " + std::to_string(i) + " points to memory of another device",
+                      s_.get());
+      }
+    }
+    std::memcpy(block + params[i].offset, a.data, a.size);
+  }
+  return detail::launch_block(s_.get(), k, cfg, {block, k.args_size()}, {}, nullptr);
+}
+
+pending<void> stream::launch(const kernel& k, const launch_config& cfg, const kernel_args& args) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  if (args.kernel().state() != k.state())
+    return fail(errc::argument_mismatch, "the argument list was built for another kernel", s_.get());
+  if (!args.finalized())
+    return fail(errc::args_not_finalized, "the argument list was not finalized", s_.get());
+  return detail::launch_block(s_.get(), k, cfg, args.block(), args.placeholders(), nullptr);
+}
+
+pending<void> stream::launch_host_block(const kernel& k, const launch_config& cfg,
+                                        std::span<const std::byte> block,
+                                        std::span<const placeholder_info> placeholders) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  const std::size_t need = k.args_size();
+  if (block.data() == nullptr)
+    return fail(errc::invalid_argument, "the argument block is null", s_.get());
+  if (block.size() < need || (placeholders.empty() && block.size() != need))
+    return fail(errc::argument_mismatch,
+                "kernel '" + std::string(k.name()) + "' takes a " + std::to_string(need) +
+                    "-byte argument block; " + std::to_string(block.size()) + " bytes given",
+                s_.get());
+  const auto params = k.params();
+  for (const auto& ph : placeholders) {
+    const bool slot_ok = std::any_of(params.begin(), params.end(), [&](const param_info& p) {
+      return p.offset == ph.addr_offset && p.size == sizeof(void*);
+    });
+    if (!slot_ok)
+      return fail(errc::placeholder_misuse,
+                  "placeholder address offset " + std::to_string(ph.addr_offset) +
+                      " is not the offset of a pointer parameter",
+                  s_.get());
+    if (ph.data_offset < need || ph.data_offset >= block.size())
+      return fail(errc::placeholder_misuse,
+                  "placeholder data offset " + std::to_string(ph.data_offset) +
+                      " lies outside the data part of the block (" + std::to_string(need) + ".." +
+                      std::to_string(block.size()) + ")",
+                  s_.get());
+  }
+  return detail::launch_block(s_.get(), k, cfg, block, placeholders, nullptr);
+}
+
+pending<void> stream::launch_pointer_array(const kernel& k, const launch_config& cfg,
+                                           const void* const* args) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  const auto params = k.params();
+  if (!args && !params.empty())
+    return fail(errc::invalid_argument, "the argument array is null", s_.get());
+  std::vector<std::byte> block(k.args_size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!args[i])
+      return fail(errc::invalid_argument, "args[" + std::to_string(i) + "] is null", s_.get());
+    std::memcpy(block.data() + params[i].offset, args[i], params[i].size);
+  }
+  return detail::launch_block(s_.get(), k, cfg, block, {}, nullptr);
+}
+
+pending<void> stream::launch_device_block(const kernel& k, const launch_config& cfg,
+                                          const void* device_block, std::size_t bytes) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  if (bytes != k.args_size())
+    return fail(errc::argument_mismatch,
+                "kernel '" + std::string(k.name()) + "' takes a " + std::to_string(k.args_size()) +
+                    "-byte argument block; " + std::to_string(bytes) + " bytes given",
+                s_.get());
+  std::error_code ec;
+  const auto r = s_->device->classify(device_block, bytes, ec);
+  if (ec) return fail(ec, s_.get());
+  if (r.k != detail::memory_region::kind::device || r.device != s_->device.get())
+    return fail(errc::invalid_pointer, "the argument block is not in this device's memory", s_.get());
+  return detail::launch_block(s_.get(), k, cfg, {}, {}, device_block);
+}
+
+// --- ordering -------------------------------------------------------------------------------
+
+pending<void> stream::record(event& ev) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (!ev) return fail(errc::invalid_handle, "empty event handle", s_.get());
+  auto es = ev.state();
+  if (es->device.get() != s_->device.get())
+    return fail(errc::wrong_device, "the event belongs to another device", s_.get());
+  std::uint64_t recorded = 0;
+  auto h = s_->enqueue(
+      [&](std::uint64_t seq, std::error_code&, std::string&) {
+        s_->backend->record(seq, *es->backend);
+        recorded = seq;
+      },
+      es);
+  if (recorded) {
+    std::lock_guard lock(es->mutex);
+    es->stream = s_;
+    es->seq = recorded;
+  }
+  return pending<void>(std::move(h));
+}
+
+pending<void> stream::wait(const event& ev) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (!ev) return fail(errc::invalid_handle, "empty event handle", s_.get());
+  auto es = ev.state();
+  if (es->device->properties.backend != s_->device->properties.backend)
+    return fail(errc::not_supported, "a stream cannot wait for an event of another backend", s_.get());
+  detail::intrusive_ptr<detail::stream_state> source;
+  {
+    std::lock_guard lock(es->mutex);
+    source = es->stream;
+  }
+  auto keep = std::make_shared<std::pair<std::shared_ptr<detail::event_state>,
+                                         detail::intrusive_ptr<detail::stream_state>>>(es, source);
+  return pending<void>(s_->enqueue(
+      [&](std::uint64_t seq, std::error_code&, std::string&) { s_->backend->wait(seq, *es->backend); },
+      keep));
+}
+
+pending<void> stream::host_func(std::function<void()> fn) {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (!fn) return fail(errc::invalid_argument, "empty host function", s_.get());
+  return pending<void>(s_->enqueue([&](std::uint64_t seq, std::error_code& e, std::string& m) {
+    s_->backend->host_func(seq, std::move(fn), e);
+    if (e) m = "the device cannot run host functions";
+  }));
+}
+
+pending<void> stream::synchronize() {
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  return pending<void>(s_->synchronize_handle());
+}
+
+}  // namespace cora

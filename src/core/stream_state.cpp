@@ -1,0 +1,400 @@
+#include <algorithm>
+#include <thread>
+
+#include "asio/error.hpp"
+#include "core/state.hpp"
+
+namespace cora::detail {
+
+namespace {
+constexpr std::size_t keepalive_trim = 256;
+}
+
+stream_state::stream_state(std::shared_ptr<device_state> dev, std::unique_ptr<backend::stream> bs)
+    : device(std::move(dev)),
+      backend(std::move(bs)),
+      policy(device->runtime->options.completion),
+      spin_limit(device->runtime->options.spin_limit) {
+  device->add_stream(this);
+}
+
+stream_state::~stream_state() {
+  // Only reached when nothing refers to the stream any more, so its ops were waited for (or
+  // drained by the engine). Wait anyway before destroying the backend stream.
+  drain(clock::now() + std::chrono::seconds(30));
+  std::lock_guard lock(mutex_);
+  for (auto& m : markers_) backend->release_marker(m.m);
+  markers_.clear();
+  arena_.release(*device);
+  device->remove_stream(this);
+}
+
+void stream_state::record_marker_locked(std::uint64_t seq) {
+  markers_.push_back({backend->record_marker(seq), clock::now()});
+}
+
+void stream_state::note_marker_for_tail_locked() {
+  // The previous op's pending is still held: its completion may be awaited after this op is
+  // enqueued, so it needs a marker of its own.
+  if (last_seq_ != 0 && tail_watch_.load(std::memory_order_acquire) == last_seq_ &&
+      (markers_.empty() || markers_.back().m.seq < last_seq_))
+    record_marker_locked(last_seq_);
+}
+
+void stream_state::commit_locked(std::uint64_t seq, std::shared_ptr<const void> keep) {
+  last_seq_ = seq;
+  tail_watch_.store(seq, std::memory_order_release);
+  if (keep) {
+    keepalive_.emplace_back(seq, std::move(keep));
+    if (keepalive_.size() > keepalive_trim) {
+      // Nobody waits on this stream: observe progress now and then so that what finished ops
+      // kept alive is released.
+      if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
+      std::vector<wait_node*> fired;
+      std::vector<std::shared_ptr<const void>> drop;
+      poll_locked(fired, drop);
+      // No waiter was linked by this path that is not also handled by its group's poller:
+      // hand fired nodes back by completing them after the lock is released.
+      if (!fired.empty() || !drop.empty()) {
+        mutex_.unlock();
+        for (wait_node* n : fired)
+          if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
+        fire(fired, false);
+        drop.clear();
+        mutex_.lock();
+      }
+    }
+  }
+}
+
+op_handle stream_state::synchronize_handle() {
+  std::lock_guard lock(mutex_);
+  if (last_seq_ != 0 && (markers_.empty() || markers_.back().m.seq < last_seq_) &&
+      completed_.load(std::memory_order_relaxed) < last_seq_)
+    record_marker_locked(last_seq_);
+  return op_handle(intrusive_ptr<completion_source>::share(this), last_seq_ | sync_bit);
+}
+
+bool stream_state::query_idle() {
+  {
+    std::lock_guard lock(mutex_);
+    if (completed_.load(std::memory_order_relaxed) >= last_seq_) return true;
+    if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
+  }
+  std::vector<wait_node*> fired;
+  poll(fired);
+  for (wait_node* n : fired)
+    if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
+  fire(fired, false);
+  return idle_observed();
+}
+
+bool stream_state::idle_observed() noexcept {
+  std::lock_guard lock(mutex_);
+  return completed_.load(std::memory_order_relaxed) >= last_seq_;
+}
+
+std::error_code stream_state::result_locked(std::uint64_t seq, bool sync) noexcept {
+  const std::uint64_t err = error_seq_.load(std::memory_order_acquire);
+  // A synchronize also reports failures dropped right after the op it waits for.
+  if (err == ~std::uint64_t{0} || err > seq + (sync ? 1 : 0)) return {};
+  std::error_code ec = error_;
+  if (sync) {
+    error_seq_.store(~std::uint64_t{0}, std::memory_order_release);
+    error_.clear();
+  }
+  return ec;
+}
+
+bool stream_state::ready(std::uint64_t seq, std::error_code& ec) noexcept {
+  const bool sync = seq & sync_bit;
+  const std::uint64_t s = seq & ~sync_bit;
+  if (s > completed_.load(std::memory_order_acquire)) return false;
+  if (error_seq_.load(std::memory_order_acquire) == ~std::uint64_t{0}) {
+    ec.clear();
+    return true;
+  }
+  std::lock_guard lock(mutex_);
+  ec = result_locked(s, sync);
+  return true;
+}
+
+void stream_state::link_locked(wait_node& node) {
+  // Waiters are kept sorted by position; new ones usually go last.
+  wait_node* after = tail_;
+  while (after && after->seq > node.seq) after = after->prev;
+  node.prev = after;
+  node.next = after ? after->next : head_;
+  if (node.next)
+    node.next->prev = &node;
+  else
+    tail_ = &node;
+  if (after)
+    after->next = &node;
+  else
+    head_ = &node;
+  node.linked = true;
+}
+
+void stream_state::unlink_locked(wait_node& node) noexcept {
+  if (!node.linked) return;
+  if (node.prev)
+    node.prev->next = node.next;
+  else
+    head_ = node.next;
+  if (node.next)
+    node.next->prev = node.prev;
+  else
+    tail_ = node.prev;
+  node.prev = node.next = nullptr;
+  node.linked = false;
+}
+
+bool stream_state::arm(wait_node& node, std::uint64_t seq, const asio::any_io_executor* executor) {
+  poll_group* group;
+  if (executor) {
+    auto& g = executor_group::of(*executor);
+    g.bind(*executor);
+    group = &g;
+  } else {
+    group = &engine::get().inline_group();
+  }
+  const bool sync = seq & sync_bit;
+  const std::uint64_t s = seq & ~sync_bit;
+  node.seq = s;
+  node.source = this;
+  node.group = group;
+  node.state.store(0, std::memory_order_relaxed);
+  group->begin_wait(this);
+  {
+    std::lock_guard lock(mutex_);
+    if (s <= completed_.load(std::memory_order_relaxed) || s == 0) {
+      node.ec = result_locked(s, sync);
+      node.group = nullptr;
+      group->end_wait(this);
+      return false;
+    }
+    // A marker at or after the awaited op. Right after enqueue the op is the tail and gets its
+    // own marker; an older op got one when the next op was enqueued while its pending lived.
+    if (markers_.empty() || markers_.back().m.seq < s) record_marker_locked(last_seq_);
+    node.sync = sync;
+    link_locked(node);
+  }
+  group->schedule();
+  return true;
+}
+
+bool stream_state::disarm(wait_node& node) noexcept {
+  int expected = 0;
+  if (!node.state.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) return false;
+  {
+    std::lock_guard lock(mutex_);
+    unlink_locked(node);
+  }
+  if (node.group) static_cast<poll_group*>(node.group)->end_wait(this);
+  return true;
+}
+
+bool stream_state::poll_locked(std::vector<wait_node*>& fired,
+                               std::vector<std::shared_ptr<const void>>& drop) {
+  bool progress = false;
+  const std::size_t fired_before = fired.size();
+  const auto now = clock::now();
+  while (!markers_.empty()) {
+    marker_rec& front = markers_.front();
+    const auto st = backend->query(front.m);
+    if (st == backend::marker_state::pending) {
+      last_pending_query_ = now;
+      break;
+    }
+    if (st == backend::marker_state::failed) {
+      backend::fault f = backend->take_fault();
+      const std::uint64_t at = f.seq ? f.seq : completed_.load(std::memory_order_relaxed) + 1;
+      if (error_seq_.load(std::memory_order_relaxed) == ~std::uint64_t{0} ||
+          at < error_seq_.load(std::memory_order_relaxed)) {
+        error_ = f.ec ? f.ec : make_error_code(errc::kernel_fault);
+        error_message_ = f.message.empty() ? "device fault" : f.message;
+        error_seq_.store(at, std::memory_order_release);
+      }
+    }
+    // Learn how long ops take, for the hybrid policy's sleeps. A detection right after a
+    // pending query measures the duration; a late one only bounds it.
+    const auto start = std::max(front.enqueued, last_done_);
+    const double upper = std::chrono::duration<double, std::nano>(now - start).count();
+    if (now - last_pending_query_ <= std::chrono::microseconds(20) || ewma_ns_ == 0) {
+      ewma_ns_ = ewma_ns_ == 0 ? upper : 0.75 * ewma_ns_ + 0.25 * upper;
+    } else {
+      const double lower =
+          last_pending_query_ > start
+              ? std::chrono::duration<double, std::nano>(last_pending_query_ - start).count()
+              : 0.0;
+      ewma_ns_ = std::clamp(ewma_ns_, lower, upper);
+    }
+    last_done_ = now;
+    completed_.store(front.m.seq, std::memory_order_release);
+    backend->release_marker(front.m);
+    markers_.pop_front();
+    progress = true;
+  }
+  const std::uint64_t done = completed_.load(std::memory_order_relaxed);
+  while (head_ && head_->seq <= done) {
+    wait_node* n = head_;
+    unlink_locked(*n);
+    int expected = 0;
+    if (!n->state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) continue;
+    n->ec = result_locked(n->seq, n->sync);
+    fired.push_back(n);
+  }
+  while (!keepalive_.empty() && keepalive_.front().first <= done) {
+    drop.push_back(std::move(keepalive_.front().second));
+    keepalive_.pop_front();
+  }
+  return progress || fired.size() > fired_before;
+}
+
+bool stream_state::poll(std::vector<wait_node*>& fired) {
+  std::vector<std::shared_ptr<const void>> drop;
+  bool progress;
+  {
+    std::lock_guard lock(mutex_);
+    progress = poll_locked(fired, drop);
+  }
+  return progress;  // `drop` releases finished ops' resources here, outside the lock
+}
+
+clock::time_point stream_state::expected_ready() {
+  std::lock_guard lock(mutex_);
+  if (markers_.empty() || ewma_ns_ == 0) return clock::time_point::max();
+  const auto start = std::max(markers_.front().enqueued, last_done_);
+  return start + std::chrono::nanoseconds(static_cast<std::int64_t>(ewma_ns_));
+}
+
+void stream_state::block_on_front(clock::time_point deadline) {
+  backend::marker m;
+  {
+    std::lock_guard lock(mutex_);
+    if (markers_.empty()) return;
+    m = markers_.front().m;
+  }
+  // The marker stays valid: only pollers pop it, and they release it after this returns only
+  // if it completed, which ends this wait too.
+  backend->wait_marker(m, deadline);
+}
+
+std::error_code stream_state::block(std::uint64_t seq) {
+  std::error_code ec;
+  if (ready(seq, ec)) return ec;
+
+  struct blocking_node : wait_node {
+    std::atomic<bool> done{false};
+  } node;
+  node.on_complete = [](wait_node& n, bool) noexcept {
+    static_cast<blocking_node&>(n).done.store(true, std::memory_order_release);
+  };
+  const bool sync = seq & sync_bit;
+  const std::uint64_t s = seq & ~sync_bit;
+  node.seq = s;
+  node.source = this;
+  node.group = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (s <= completed_.load(std::memory_order_relaxed)) return result_locked(s, sync);
+    if (markers_.empty() || markers_.back().m.seq < s) record_marker_locked(last_seq_);
+    node.sync = sync;
+    link_locked(node);
+  }
+
+  const auto start = clock::now();
+  std::vector<wait_node*> fired;
+  while (!node.done.load(std::memory_order_acquire)) {
+    fired.clear();
+    if (poll(fired)) {
+      for (wait_node* n : fired)
+        if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
+      fire(fired, false);
+      continue;
+    }
+    const auto now = clock::now();
+    if (policy == completion_policy::spin || now - start < spin_limit) {
+      std::this_thread::yield();
+      continue;
+    }
+    // Long wait: sleep in the backend until the oldest marker completes, or until shortly
+    // before it is expected to, then poll again.
+    auto deadline = now + std::chrono::milliseconds(10);
+    if (policy == completion_policy::hybrid) {
+      const auto expected = expected_ready();
+      if (expected != clock::time_point::max())
+        deadline = std::max(now + std::chrono::microseconds(20), expected - std::chrono::microseconds(20));
+      else
+        deadline = now + std::chrono::microseconds(100);
+    }
+    block_on_front(deadline);
+  }
+  return node.ec;
+}
+
+std::string stream_state::message(std::uint64_t) const {
+  std::lock_guard lock(mutex_);
+  return error_message_;
+}
+
+void stream_state::dropped(std::uint64_t seq, bool) noexcept {
+  std::uint64_t expected = seq & ~sync_bit;
+  tail_watch_.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
+}
+
+void stream_state::set_sticky(std::error_code ec, const std::string& message) noexcept {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t at = last_seq_ + 1;
+  if (error_seq_.load(std::memory_order_relaxed) <= at) return;  // an earlier failure stands
+  error_ = ec;
+  try {
+    error_message_ = message;
+  } catch (...) {
+  }
+  error_seq_.store(at, std::memory_order_release);
+}
+
+void stream_state::abort_waits(std::error_code ec, poll_group* only) noexcept {
+  std::vector<wait_node*> fired;
+  {
+    std::lock_guard lock(mutex_);
+    for (wait_node* n = head_; n;) {
+      wait_node* next = n->next;
+      if (!only || n->group == only) {
+        int expected = 0;
+        if (n->state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+          unlink_locked(*n);
+          n->ec = ec;
+          fired.push_back(n);
+        }
+      }
+      n = next;
+    }
+  }
+  for (wait_node* n : fired)
+    if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
+  fire(fired, false);
+}
+
+bool stream_state::drain(clock::time_point deadline) noexcept {
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (completed_.load(std::memory_order_relaxed) >= last_seq_) return true;
+      if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
+    }
+    std::vector<wait_node*> fired;
+    if (poll(fired)) {
+      for (wait_node* n : fired)
+        if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
+      fire(fired, false);
+      continue;
+    }
+    if (clock::now() >= deadline) return false;
+    block_on_front(std::min(deadline, clock::now() + std::chrono::milliseconds(10)));
+  }
+}
+
+}  // namespace cora::detail

@@ -1,0 +1,94 @@
+// Test support: device suites run once per backend; the CUDA instances skip without a GPU.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <cora/cora.hpp>
+
+namespace cora::test {
+
+/// Where the build put the kernel binaries.
+inline std::filesystem::path kernel_file(const std::string& name) {
+  return std::filesystem::path(CORA_TEST_KERNELS_DIR) / name;
+}
+
+/// The backends a device suite runs against.
+enum class backend { cpu, cuda };
+
+inline std::string backend_name(const ::testing::TestParamInfo<backend>& info) {
+  return info.param == backend::cpu ? "cpu" : "cuda";
+}
+
+/// One shared runtime per backend for the whole test program (creating a CUDA context per test
+/// would dominate the run time); null when the backend has no device here.
+inline runtime* shared_runtime(backend b) {
+  static std::map<backend, std::unique_ptr<runtime>> runtimes;
+  static std::map<backend, bool> tried;
+  if (!tried[b]) {
+    tried[b] = true;
+    runtime_options o;
+    o.use_environment = false;
+    o.backend = b == backend::cpu ? backend_selection::cpu : backend_selection::cuda;
+    try {
+      runtimes[b] = std::make_unique<runtime>(o);
+    } catch (const error&) {
+    }
+  }
+  auto it = runtimes.find(b);
+  return it == runtimes.end() ? nullptr : it->second.get();
+}
+
+/// Fixture of device suites: a device of the backend under test and the test kernels on it.
+class device_test : public ::testing::TestWithParam<backend> {
+ protected:
+  void SetUp() override {
+    rt_ = shared_runtime(GetParam());
+    if (!rt_) GTEST_SKIP() << "no " << (GetParam() == backend::cpu ? "CPU" : "CUDA") << " device here";
+  }
+  cora::device& dev() { return rt_->device(0); }
+  /// test_kernels.corabin, loaded once per backend.
+  cora::binary& kernels() {
+    static std::map<backend, cora::binary> loaded;
+    auto& b = loaded[GetParam()];
+    if (!b) b = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+    return b;
+  }
+  runtime* rt_ = nullptr;
+};
+
+#define CORA_DEVICE_SUITE(suite)                                                            \
+  INSTANTIATE_TEST_SUITE_P(backends, suite,                                                 \
+                           ::testing::Values(::cora::test::backend::cpu,                    \
+                                             ::cora::test::backend::cuda),                  \
+                           ::cora::test::backend_name)
+
+/// Runs `f` on another thread and fails the test if it takes longer than `limit` (a hang).
+template <class F>
+void with_watchdog(std::chrono::seconds limit, F&& f) {
+  auto fut = std::async(std::launch::async, std::forward<F>(f));
+  if (fut.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "watchdog: still running after " << limit.count() << " s (hang)";
+    std::abort();  // a hung test cannot be unwound safely
+  }
+  fut.get();
+}
+
+/// Expects `expr` to throw cora::error with code `code`.
+#define EXPECT_CORA_ERROR(expr, code)                                                       \
+  do {                                                                                      \
+    try {                                                                                   \
+      (void)(expr);                                                                         \
+      ADD_FAILURE() << #expr " did not throw";                                              \
+    } catch (const ::cora::error& e_) {                                                     \
+      EXPECT_EQ(e_.code(), ::std::error_code(code)) << e_.what();                           \
+    }                                                                                       \
+  } while (0)
+
+}  // namespace cora::test

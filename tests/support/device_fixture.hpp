@@ -22,6 +22,8 @@ inline std::filesystem::path kernel_file(const std::string& name) {
 /// The backends a device suite runs against.
 enum class backend { cpu, cuda };
 
+inline void PrintTo(backend b, std::ostream* os) { *os << (b == backend::cpu ? "cpu" : "cuda"); }
+
 inline std::string backend_name(const ::testing::TestParamInfo<backend>& info) {
   return info.param == backend::cpu ? "cpu" : "cuda";
 }
@@ -81,13 +83,13 @@ void with_watchdog(std::chrono::seconds limit, F&& f) {
 }
 
 /// Expects `expr` to throw cora::error with code `code`.
-#define EXPECT_CORA_ERROR(expr, code)                                                       \
+#define EXPECT_CORA_ERROR(expr, expected_code)                                              \
   do {                                                                                      \
     try {                                                                                   \
       (void)(expr);                                                                         \
       ADD_FAILURE() << #expr " did not throw";                                              \
     } catch (const ::cora::error& e_) {                                                     \
-      EXPECT_EQ(e_.code(), ::std::error_code(code)) << e_.what();                           \
+      EXPECT_EQ(e_.code(), ::std::error_code(expected_code)) << e_.what();                  \
     }                                                                                       \
   } while (0)
 

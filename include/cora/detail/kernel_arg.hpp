@@ -40,7 +40,7 @@ launch_arg<T*> to_launch_arg(const device_buffer<T>& b) {
   return {b.data(), b.owner()};
 }
 template <class T>
-launch_arg<std::decay_t<T>> to_launch_arg(const T& v) {
+launch_arg<std::decay_t<T>> to_launch_arg(T&& v) {
   return {v, nullptr};
 }
 

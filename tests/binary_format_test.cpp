@@ -1,0 +1,126 @@
+#include "core/binary_format.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "cora/error.hpp"
+
+namespace cora::detail {
+namespace {
+
+std::vector<std::byte> bytes_of(const std::string& s) {
+  std::vector<std::byte> b(s.size());
+  std::memcpy(b.data(), s.data(), s.size());
+  return b;
+}
+
+std::vector<std::byte> read_file(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+
+TEST(binary_format, SniffsEveryFormatByItsMagic) {
+  EXPECT_EQ(sniff_binary(bytes_of("CORABIN1 and more")), binary_kind::corabin);
+  EXPECT_EQ(sniff_binary(bytes_of("//\n// comment\n.version 8.0\n.target sm_90\n")), binary_kind::cuda_ptx);
+  std::vector<std::byte> fat(32);
+  const std::uint32_t magic = 0xBA55ED50u;
+  std::memcpy(fat.data(), &magic, 4);
+  EXPECT_EQ(sniff_binary(fat), binary_kind::cuda_fatbin);
+  // An ELF of another machine (e_machine = 40, ARM).
+  auto arm = read_file("/proc/self/exe");
+  arm.resize(64);
+  const std::uint16_t em_arm = 40;
+  std::memcpy(arm.data() + 18, &em_arm, 2);
+  EXPECT_EQ(sniff_binary(arm), binary_kind::foreign_elf);
+  EXPECT_EQ(sniff_binary(bytes_of("hello")), binary_kind::unknown);
+  EXPECT_EQ(sniff_binary({}), binary_kind::unknown);
+}
+
+TEST(binary_format, ReadsTheKernelRecordsOfACpuImage) {
+  auto image = read_file(std::string(CORA_TEST_KERNELS_DIR) + "/test_kernels.cora/test_kernels.cpu.so");
+  ASSERT_FALSE(image.empty());
+  EXPECT_EQ(sniff_binary(image), binary_kind::cpu_elf);
+  std::error_code ec;
+  std::string message;
+  auto kernels = read_cpu_kernel_records(image, ec, message);
+  ASSERT_FALSE(ec) << message;
+  auto it = std::find_if(kernels.begin(), kernels.end(), [](auto& k) { return k.name == "scale_7"; });
+  ASSERT_NE(it, kernels.end());
+  EXPECT_EQ(it->entry_key, std::optional<std::uint64_t>(7));
+  EXPECT_EQ(it->params.size(), 3u);
+}
+
+TEST(binary_format, AnX86ElfWithoutKernelRecordsIsRejected) {
+  // A PIE executable is an ET_DYN object of this machine, so it sniffs as a CPU image; its
+  // missing kernel records reject it.
+  auto exe = read_file("/proc/self/exe");
+  std::error_code ec;
+  std::string message;
+  read_cpu_kernel_records(exe, ec, message);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+  EXPECT_NE(message.find("no cora kernel records"), std::string::npos) << message;
+}
+
+TEST(binary_format, ContainerRoundTrips) {
+  std::vector<backend::kernel_desc> kernels{{"k_3", 3, {{8, 8}, {4, 4}}, true}};
+  std::vector<corabin_input> images{{binary_kind::cuda_ptx, 0, bytes_of(".version 8.0\n.target sm_90\n")}};
+  auto c = write_corabin(images, kernels);
+  std::error_code ec;
+  std::string message;
+  auto parsed = parse_corabin(c, ec, message);
+  ASSERT_FALSE(ec) << message;
+  ASSERT_EQ(parsed.images.size(), 1u);
+  EXPECT_EQ(parsed.images[0].kind, binary_kind::cuda_ptx);
+  ASSERT_EQ(parsed.kernels.size(), 1u);
+  EXPECT_EQ(parsed.kernels[0].name, "k_3");
+  EXPECT_EQ(parsed.kernels[0].entry_key, std::optional<std::uint64_t>(3));
+  EXPECT_EQ(parsed.kernels[0].params.size(), 2u);
+}
+
+TEST(binary_format, EveryTruncationOfAContainerIsRejected) {
+  auto c = read_file(std::string(CORA_TEST_KERNELS_DIR) + "/test_kernels.corabin");
+  ASSERT_GT(c.size(), 1000u);
+  for (std::size_t n : {std::size_t{0}, std::size_t{8}, std::size_t{39}, std::size_t{40}, std::size_t{100},
+                        c.size() / 2, c.size() - 1}) {
+    std::error_code ec;
+    std::string message;
+    parse_corabin(std::span(c).first(n), ec, message);
+    EXPECT_EQ(ec, make_error_code(errc::invalid_binary)) << "size " << n;
+  }
+}
+
+TEST(binary_format, ImageThatIsNotWhatItsEntrySaysIsRejected) {
+  std::vector<corabin_input> images{{binary_kind::cuda_fatbin, 0, bytes_of("not a fatbin at all, really")}};
+  auto c = write_corabin(images, {});
+  std::error_code ec;
+  std::string message;
+  parse_corabin(c, ec, message);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+}
+
+TEST(binary_format, EntryKeyIsTheNumberAfterTheLastUnderscore) {
+  std::uint64_t k = 0;
+  EXPECT_TRUE(entry_key_of("add_custom_12", k));
+  EXPECT_EQ(k, 12u);
+  EXPECT_FALSE(entry_key_of("add_custom", k));
+  EXPECT_FALSE(entry_key_of("add_", k));
+  EXPECT_FALSE(entry_key_of("_5", k));
+  EXPECT_FALSE(entry_key_of("k_99999999999999999999999", k));
+}
+
+TEST(binary_format, CanonicalBlockIsLimitedTo64KiB) {
+  bool ok = false;
+  EXPECT_EQ(canonical_block_size({{1, 1}, {8, 8}}, ok), 16u);
+  EXPECT_TRUE(ok);
+  canonical_block_size({{65536, 8}, {8, 8}}, ok);
+  EXPECT_FALSE(ok);
+}
+
+}  // namespace
+}  // namespace cora::detail

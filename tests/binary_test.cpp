@@ -1,0 +1,206 @@
+#include "cora/binary.hpp"
+
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "support/device_fixture.hpp"
+
+namespace cora::test {
+namespace {
+
+std::vector<std::byte> read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+
+std::filesystem::path temp_file(const std::string& name, const std::vector<std::byte>& bytes) {
+  auto p = std::filesystem::temp_directory_path() / ("cora_binary_test_" + name);
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  return p;
+}
+
+class binary_test : public device_test {};
+CORA_DEVICE_SUITE(binary_test);
+
+TEST_P(binary_test, LoadsAContainerFromFileAndFindsKernelsByName) {
+  auto b = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  EXPECT_TRUE(b.loaded());
+  auto k = b.kernel("add_f32");
+  EXPECT_EQ(k.name(), "add_f32");
+  ASSERT_EQ(k.params().size(), 4u);
+  EXPECT_EQ(k.params()[0].size, sizeof(void*));
+  EXPECT_EQ(k.params()[3].size, 8u);
+  EXPECT_EQ(k.args_size(), 32u);
+  auto names = b.kernel_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "trap"), names.end());
+  EXPECT_NE(b.format().find("corabin"), std::string::npos);
+}
+
+TEST_P(binary_test, LoadsFromMemoryWithoutFiles) {
+  auto bytes = read_file(kernel_file("test_kernels.corabin"));
+  auto b = dev().load_binary(std::span<const std::byte>(bytes)).wait();
+  EXPECT_EQ(b.kernel("empty").params().size(), 0u);
+}
+
+TEST_P(binary_test, FindsKernelsByEntryKey) {
+  auto k = kernels().kernel_by_entry(7);
+  EXPECT_EQ(k.name(), "scale_7");
+  EXPECT_EQ(k.entry_key(), std::optional<std::uint64_t>(7));
+  EXPECT_CORA_ERROR(kernels().kernel_by_entry(8), errc::kernel_not_found);
+}
+
+TEST_P(binary_test, UnknownKernelNameIsKernelNotFound) {
+  EXPECT_CORA_ERROR(kernels().kernel("no_such_kernel"), errc::kernel_not_found);
+  std::error_code ec;
+  auto k = kernels().kernel("no_such_kernel", ec);
+  EXPECT_EQ(ec, make_error_code(errc::kernel_not_found));
+  EXPECT_FALSE(k);
+  EXPECT_NE(last_error_message().find("no_such_kernel"), std::string::npos);
+}
+
+TEST_P(binary_test, ReportsParameterLayoutOfMixedSizes) {
+  auto k = kernels().kernel("mixed_args");
+  ASSERT_EQ(k.params().size(), 5u);
+  // u8, u16, 16-byte struct, u32, pointer: each slot aligned to max(8, alignment).
+  EXPECT_EQ(k.params()[0].offset, 0u);
+  EXPECT_EQ(k.params()[1].offset, 8u);
+  EXPECT_EQ(k.params()[2].offset, 16u);
+  EXPECT_EQ(k.params()[2].size, 16u);
+  EXPECT_EQ(k.params()[3].offset, 32u);
+  EXPECT_EQ(k.params()[4].offset, 40u);
+  EXPECT_EQ(k.args_size(), 48u);
+}
+
+TEST_P(binary_test, MissingFileReportsTheSystemErrorWithThePath) {
+  try {
+    dev().load_binary(std::filesystem::path("/nonexistent/dir/k.corabin")).wait();
+    FAIL() << "no error";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::error_code(ENOENT, std::system_category()));
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/k.corabin"), std::string::npos);
+  }
+}
+
+TEST_P(binary_test, DirectoryIsAnError) {
+  try {
+    dev().load_binary(std::filesystem::temp_directory_path()).wait();
+    FAIL() << "no error";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), std::error_code(EISDIR, std::system_category()));
+  }
+}
+
+TEST_P(binary_test, EmptyFileIsAnInvalidBinary) {
+  auto p = temp_file("empty", {});
+  try {
+    dev().load_binary(p).wait();
+    FAIL() << "no error";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::invalid_binary));
+    EXPECT_NE(std::string(e.what()).find("empty"), std::string::npos);
+  }
+  std::filesystem::remove(p);
+}
+
+TEST_P(binary_test, TruncatedContainerIsAnInvalidBinary) {
+  auto bytes = read_file(kernel_file("test_kernels.corabin"));
+  bytes.resize(bytes.size() / 2);
+  std::error_code ec;
+  dev().load_binary(std::span<const std::byte>(bytes)).wait(ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+}
+
+TEST_P(binary_test, CorruptedImageFailsItsChecksum) {
+  auto bytes = read_file(kernel_file("test_kernels.corabin"));
+  bytes[bytes.size() - 100] ^= std::byte{0xff};
+  try {
+    dev().load_binary(std::span<const std::byte>(bytes)).wait();
+    FAIL() << "no error";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::invalid_binary));
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos);
+  }
+}
+
+TEST_P(binary_test, TextFileIsAnInvalidBinary) {
+  const std::string text = "this is not a kernel binary\n";
+  std::vector<std::byte> bytes(text.size());
+  std::memcpy(bytes.data(), text.data(), text.size());
+  std::error_code ec;
+  dev().load_binary(std::span<const std::byte>(bytes)).wait(ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+}
+
+TEST_P(binary_test, ForeignElfIsAnInvalidBinary) {
+  // An executable of this machine: an ELF, but no kernel image.
+  auto bytes = read_file("/proc/self/exe");
+  ASSERT_GT(bytes.size(), 64u);
+  std::error_code ec;
+  dev().load_binary(std::span<const std::byte>(bytes)).wait(ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+}
+
+TEST_P(binary_test, SharedObjectWithoutKernelRecordsIsAnInvalidBinary) {
+  // A real shared library of the system: loadable, but it carries no cora kernel records.
+  for (const char* lib : {"/lib/x86_64-linux-gnu/libz.so.1", "/usr/lib/x86_64-linux-gnu/libz.so.1",
+                          "/lib/x86_64-linux-gnu/libm.so.6"}) {
+    if (!std::filesystem::exists(lib)) continue;
+    std::error_code ec;
+    dev().load_binary(std::filesystem::path(lib)).wait(ec);
+    EXPECT_EQ(ec, make_error_code(errc::invalid_binary)) << lib;
+    return;
+  }
+  GTEST_SKIP() << "no system shared library found to try";
+}
+
+TEST_P(binary_test, DoubleUnloadIsAlreadyUnloaded) {
+  auto b = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  b.unload();
+  EXPECT_FALSE(b.loaded());
+  EXPECT_CORA_ERROR(b.unload(), errc::already_unloaded);
+  EXPECT_CORA_ERROR(b.kernel("empty"), errc::binary_unloaded);
+}
+
+TEST_P(binary_test, KernelOfAnUnloadedBinaryCannotLaunch) {
+  auto b = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  auto k = b.kernel("empty");
+  b.unload();
+  auto s = dev().make_stream();
+  EXPECT_CORA_ERROR(s.launch(k, {}).wait(), errc::binary_unloaded);
+}
+
+TEST_P(binary_test, UnloadWhileLaunchesAreInFlightLetsThemFinish) {
+  auto b = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  auto slow = b.kernel("slow");
+  auto s = dev().make_stream();
+  auto flag = dev().alloc<std::uint32_t>(1);
+  s.fill(flag, 0);
+  auto done = s.launch(slow, {}, std::uint64_t{50000}, flag);
+  b.unload();  // the launch holds the code until it completes
+  slow = {};
+  done.wait();
+  std::uint32_t v = 0;
+  s.copy(&v, flag.data(), sizeof(v)).wait();
+  EXPECT_EQ(v, 1u);
+}
+
+TEST_P(binary_test, LazyLoadDefersTheDeviceLoadToTheFirstLookup) {
+  auto b = dev().load_binary(kernel_file("test_kernels.corabin"), {.lazy = true}).wait();
+  EXPECT_FALSE(b.kernel_names().empty());
+  auto k = b.kernel("add_f32");
+  EXPECT_EQ(k.params().size(), 4u);
+}
+
+TEST_P(binary_test, LoadFromAnEmptySpanIsInvalid) {
+  std::error_code ec;
+  dev().load_binary(std::span<const std::byte>()).wait(ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+}
+
+}  // namespace
+}  // namespace cora::test

@@ -1,6 +1,7 @@
 #include "cora/stream.hpp"
 
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "support/device_fixture.hpp"
@@ -34,6 +35,163 @@ TEST_P(stream_test, TypedLaunchComputesOnTheDevice) {
   s.launch(kernels().kernel("add_f32"), {.grid = 16}, x, y, z, std::uint64_t{n});
   s.copy(hz, z).wait();
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hz[i], 2.0f * static_cast<float>(i));
+}
+
+}  // namespace
+}  // namespace cora::test
+
+namespace cora::test {
+namespace {
+
+TEST_P(stream_test, CopiesInEveryDirection) {
+  auto s = dev().make_stream();
+  std::vector<std::uint8_t> pageable(1000);
+  for (std::size_t i = 0; i < pageable.size(); ++i) pageable[i] = static_cast<std::uint8_t>(i);
+  auto d1 = dev().alloc<std::uint8_t>(1000), d2 = dev().alloc<std::uint8_t>(1000);
+  auto pinned = dev().alloc_host<std::uint8_t>(1000);
+  std::vector<std::uint8_t> out(1000);
+  s.copy(d1.data(), pageable.data(), 1000);  // H2D from pageable memory
+  pageable.assign(1000, 0);                  // the source was read before copy() returned
+  s.copy(d2, d1);                             // D2D
+  s.copy(pinned, d2);                         // D2H into pinned memory
+  s.copy(out.data(), pinned.data(), 1000);    // H2H
+  s.synchronize().wait();
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], static_cast<std::uint8_t>(i));
+}
+
+TEST_P(stream_test, FillSetsBytes) {
+  auto s = dev().make_stream();
+  auto d = dev().alloc<std::uint32_t>(64);
+  s.fill(d, 0xab);
+  std::uint32_t h[64];
+  s.copy(h, d.data(), sizeof(h)).wait();
+  for (auto v : h) ASSERT_EQ(v, 0xababababu);
+}
+
+TEST_P(stream_test, OpsCompleteInCallOrder) {
+  auto s = dev().make_stream();
+  auto d = dev().alloc<std::uint32_t>(1);
+  std::vector<pending<void>> ps;
+  for (std::uint8_t v = 1; v <= 50; ++v) ps.push_back(s.fill(d, v));
+  std::uint32_t h = 0;
+  s.copy(&h, d.data(), 4).wait();
+  EXPECT_EQ(h, 0x32323232u);
+  for (auto& p : ps) EXPECT_TRUE(p.ready());
+}
+
+TEST_P(stream_test, NullPointerIsInvalid) {
+  auto s = dev().make_stream();
+  auto d = dev().alloc<std::uint8_t>(16);
+  EXPECT_CORA_ERROR(s.copy(nullptr, d.data(), 16).wait(), errc::invalid_pointer);
+  EXPECT_CORA_ERROR(s.copy(d.data(), nullptr, 16).wait(), errc::invalid_pointer);
+  EXPECT_CORA_ERROR(s.fill(nullptr, 0, 16).wait(), errc::invalid_pointer);
+}
+
+TEST_P(stream_test, FreedDeviceMemoryIsNoLiveAllocation) {
+  if (GetParam() == backend::cuda) GTEST_SKIP() << "the CUDA driver cannot tell freed device memory from host memory";
+  auto s = dev().make_stream();
+  void* p = dev().malloc(256);
+  dev().free(p);
+  std::uint8_t h[16] = {};
+  EXPECT_CORA_ERROR(s.copy(p, h, 16).wait(), errc::invalid_pointer);
+}
+
+TEST_P(stream_test, RangePastTheEndOfAnAllocationIsOutOfRange) {
+  auto s = dev().make_stream();
+  auto d = dev().alloc<std::uint8_t>(100);
+  std::vector<std::uint8_t> h(200);
+  EXPECT_CORA_ERROR(s.copy(d.data(), h.data(), 101).wait(), errc::out_of_range);
+  EXPECT_CORA_ERROR(s.copy(h.data(), d.data() + 50, 51).wait(), errc::out_of_range);
+  EXPECT_CORA_ERROR(s.fill(d.data() + 99, 0, 2).wait(), errc::out_of_range);
+  auto small = dev().alloc_host<std::uint8_t>(10);
+  EXPECT_CORA_ERROR(s.copy(small, d).wait(), errc::out_of_range);
+}
+
+TEST_P(stream_test, ZeroByteCopyCompletesAtOnce) {
+  auto s = dev().make_stream();
+  auto p = s.copy(nullptr, nullptr, 0);
+  EXPECT_TRUE(p.ready());
+  p.wait();
+}
+
+TEST_P(stream_test, TrapFailsTheStreamUntilSynchronizeReportsIt) {
+  auto s = dev().make_stream();
+  auto other = dev().make_stream();
+  auto flags = dev().alloc<std::uint32_t>(4);
+  auto trap = s.launch(kernels().kernel("trap"), {.grid = 2}, flags);
+  auto after = s.fill(flags, 0);
+  try {
+    trap.wait();
+    FAIL() << "the trap was not reported";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), make_error_code(GetParam() == backend::cpu ? errc::kernel_fault : errc::kernel_fault));
+    EXPECT_NE(std::string(e.what()).find("trap"), std::string::npos) << e.what();
+  }
+  // A later op on the same stream is affected too.
+  EXPECT_CORA_ERROR(after.wait(), errc::kernel_fault);
+  if (GetParam() == backend::cuda) return;  // a GPU fault takes the whole context down
+  // Other streams keep working.
+  auto h = dev().alloc_host<std::uint32_t>(4);
+  other.fill(flags, 7);
+  other.copy(h, flags).wait();
+  EXPECT_EQ(h[0], 0x07070707u);
+  // synchronize reports the fault once, then the stream is usable again.
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::kernel_fault);
+  s.fill(flags, 1);
+  s.copy(h, flags).wait();
+  EXPECT_EQ(h[0], 0x01010101u);
+}
+
+TEST_P(stream_test, DroppedFailureSurfacesAtTheNextWait) {
+  auto s = dev().make_stream();
+  s.copy(nullptr, nullptr, 4);  // fails validation; the pending is dropped
+  auto d = dev().alloc<std::uint8_t>(4);
+  EXPECT_CORA_ERROR(s.fill(d, 0).wait(), errc::invalid_pointer);
+  std::error_code ec;
+  s.synchronize().wait(ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_pointer));
+  s.synchronize().wait();  // reported once: cleared
+}
+
+TEST_P(stream_test, DestroyingAStreamWithWorkInFlightLetsTheWorkFinish) {
+  auto flag = dev().alloc<std::uint32_t>(1);
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  {
+    auto s = dev().make_stream();
+    s.fill(flag, 0);
+    s.launch(kernels().kernel("slow"), {}, std::uint64_t{20000}, flag);
+  }  // the stream handle is gone, its work is not
+  auto s2 = dev().make_stream();
+  for (int i = 0; i < 200; ++i) {
+    s2.copy(h, flag).wait();
+    if (h[0] == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(h[0], 1u);
+}
+
+TEST_P(stream_test, StreamsRunConcurrently) {
+  if (dev().properties().compute_units < 2) GTEST_SKIP() << "one compute unit";
+  auto a = dev().make_stream(), b = dev().make_stream();
+  auto flags = dev().alloc<std::uint32_t>(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto pa = a.launch(kernels().kernel("slow"), {}, std::uint64_t{100000}, flags.data());
+  auto pb = b.launch(kernels().kernel("slow"), {}, std::uint64_t{100000}, flags.data() + 1);
+  pa.wait();
+  pb.wait();
+  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(ms, 190.0) << "two 100 ms kernels on two streams ran one after the other";
+}
+
+TEST_P(stream_test, HostFunctionRunsInStreamOrder) {
+  auto s = dev().make_stream();
+  auto d = dev().alloc<std::uint32_t>(1);
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  s.fill(d, 5);
+  s.copy(h, d);
+  std::uint32_t seen = 0;
+  s.host_func([&] { seen = h[0]; }).wait();
+  EXPECT_EQ(seen, 0x05050505u);
 }
 
 }  // namespace

@@ -67,7 +67,7 @@ struct read_options {
 class stream {
  public:
   stream() noexcept = default;
-  explicit stream(detail::intrusive_ptr<detail::stream_state> s) noexcept;
+  explicit stream(detail::intrusive_ptr<detail::completion_source> s) noexcept;
   stream(stream&&) noexcept;
   stream& operator=(stream&&) noexcept;
   ~stream();
@@ -156,7 +156,7 @@ class stream {
   /// True when everything enqueued so far has completed (may query the driver).
   bool idle() const;
   explicit operator bool() const noexcept { return static_cast<bool>(s_); }
-  detail::stream_state* state() const noexcept { return s_.get(); }
+  detail::stream_state* state() const noexcept;
 
  private:
   template <class P>
@@ -168,7 +168,10 @@ class stream {
   pending<void> launch_typed(const kernel& k, const launch_config& cfg,
                              std::span<const detail::arg_view> args);
 
-  detail::intrusive_ptr<detail::stream_state> s_;
+  detail::stream_state* st() const noexcept;
+  // The stream's state; held through its completion_source base so this header needs no
+  // definition of it.
+  detail::intrusive_ptr<detail::completion_source> s_;
 };
 
 }  // namespace cora

@@ -161,7 +161,8 @@ cora::stream device::make_stream(const stream_options& options) {
   std::error_code ec;
   auto bs = s_->backend->create_stream(options.priority, ec);
   if (ec) throw error(ec, "cannot create a stream on " + s_->properties.name);
-  return cora::stream(detail::make_intrusive<detail::stream_state>(s_, std::move(bs)));
+  return cora::stream(detail::intrusive_ptr<detail::completion_source>(
+      detail::make_intrusive<detail::stream_state>(s_, std::move(bs))));
 }
 
 cora::event device::make_event(const event_options& options) {

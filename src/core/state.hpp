@@ -152,6 +152,8 @@ class stream_state final : public completion_source {
   std::uint64_t completed_position() const noexcept { return completed_.load(std::memory_order_acquire); }
   staging_arena& arena() noexcept { return arena_; }
 
+  /// Records a marker right after op `seq` if it is still the last op and has none.
+  void mark(std::uint64_t seq);
   /// A handle on "everything enqueued so far" that also reports and clears a fault.
   op_handle synchronize_handle();
   /// True if every op enqueued so far has completed, as last observed (no driver call).

@@ -62,7 +62,10 @@ struct launch_keep {
 
 }  // namespace
 
-stream::stream(detail::intrusive_ptr<detail::stream_state> s) noexcept : s_(std::move(s)) {}
+stream::stream(detail::intrusive_ptr<detail::completion_source> s) noexcept : s_(std::move(s)) {}
+
+detail::stream_state* stream::st() const noexcept { return static_cast<detail::stream_state*>(s_.get()); }
+detail::stream_state* stream::state() const noexcept { return st(); }
 stream::stream(stream&&) noexcept = default;
 stream& stream::operator=(stream&& o) noexcept {
   if (this != &o) {
@@ -74,37 +77,38 @@ stream& stream::operator=(stream&& o) noexcept {
 
 stream::~stream() {
   // Work still in flight keeps the stream alive: the engine releases it when the work is done.
-  if (s_ && !s_->idle_observed()) detail::engine::get().drain(std::move(s_));
+  if (s_ && !st()->idle_observed())
+    detail::engine::get().drain(detail::intrusive_ptr<detail::stream_state>::share(st()));
 }
 
 cora::device& stream::device() const {
   if (!s_) throw error(errc::invalid_handle, "empty stream handle");
-  return *s_->device->handle;
+  return *st()->device->handle;
 }
 
-bool stream::idle() const { return !s_ || s_->query_idle(); }
+bool stream::idle() const { return !s_ || st()->query_idle(); }
 
 // --- copies ---------------------------------------------------------------------------------
 
 pending<void> stream::copy(void* dst, const void* src, std::size_t bytes) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (bytes == 0) return done_op();
-  auto& dev = *s_->device;
+  auto& dev = *st()->device;
   std::error_code ec;
   const memory_region d = dev.classify(dst, bytes, ec);
   if (ec) return fail(ec.value() == static_cast<int>(errc::invalid_pointer)
                           ? make_error_code(errc::invalid_pointer)
                           : ec,
-                      s_.get());
+                      st());
   const memory_region s = dev.classify(src, bytes, ec);
-  if (ec) return fail(ec, s_.get());
+  if (ec) return fail(ec, st());
   for (const memory_region* r : {&d, &s})
     if (r->k == memory_region::kind::device && r->device->properties.backend != dev.properties.backend)
       return fail(errc::wrong_device, "copy involves memory of " + r->device->properties.name +
-                                          ", which this stream's device cannot reach", s_.get());
+                                          ", which this stream's device cannot reach", st());
   const bool pageable = s.k == memory_region::kind::pageable_host;
-  return pending<void>(s_->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
-    s_->backend->copy(seq, dst, src, bytes, pageable);
+  return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
+    st()->backend->copy(seq, dst, src, bytes, pageable);
   }));
 }
 
@@ -114,7 +118,7 @@ pending<void> stream::copy_checked(void* dst, std::size_t dst_bytes, const void*
     return fail(errc::out_of_range,
                 "copy of " + std::to_string(src_bytes) + " bytes into a buffer of " +
                     std::to_string(dst_bytes) + " bytes",
-                s_.get());
+                st());
   return copy(dst, src, src_bytes);
 }
 
@@ -122,10 +126,10 @@ pending<void> stream::fill(void* dst, std::uint8_t value, std::size_t bytes) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (bytes == 0) return done_op();
   std::error_code ec;
-  s_->device->classify(dst, bytes, ec);
-  if (ec) return fail(ec, s_.get());
-  return pending<void>(s_->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
-    s_->backend->fill(seq, dst, value, bytes);
+  st()->device->classify(dst, bytes, ec);
+  if (ec) return fail(ec, st());
+  return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
+    st()->backend->fill(seq, dst, value, bytes);
   }));
 }
 
@@ -197,14 +201,14 @@ pending<void> launch_block(stream_state* s, const kernel& k, const launch_config
 pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
                                    std::span<const detail::arg_view> args) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", st());
   const auto& params = k.state()->params;
   const std::string& name = k.state()->desc->name;
   if (args.size() != params.size())
     return fail(errc::argument_mismatch,
                 "kernel '" + name + "' takes " + std::to_string(params.size()) + " arguments, " +
                     std::to_string(args.size()) + " given",
-                s_.get());
+                st());
   // Canonical block, on the stack for the usual few arguments.
   std::byte small[256];
   std::vector<std::byte> big;
@@ -214,7 +218,7 @@ pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
     block = big.data();
   }
   std::memset(block, 0, k.args_size());
-  auto& dev = *s_->device;
+  auto& dev = *st()->device;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
     if (a.size != params[i].size)
@@ -222,10 +226,10 @@ pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
                   "argument " + std::to_string(i) + " of kernel '" + name + "' has " +
                       std::to_string(a.size) + " bytes; the parameter has " +
                       std::to_string(params[i].size),
-                  s_.get());
+                  st());
     if (a.k == detail::arg_view::kind::buffer && a.owner != &dev)
       return fail(errc::wrong_device,
-                  "argument " + std::to_string(i) + " is memory of another device", s_.get());
+                  "argument " + std::to_string(i) + " is memory of another device", st());
     if (a.k == detail::arg_view::kind::pointer) {
       const void* p;
       std::memcpy(&p, a.data, sizeof(p));
@@ -237,41 +241,41 @@ pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
                       "argument " + std::to_string(i) + " of kernel '" + name +
                           "' is no pointer into a live allocation" +
                           (ec ? " (" + last_error_message() + ")" : " (it points to host memory)"),
-                      s_.get());
+                      st());
         if (r.k == detail::memory_region::kind::device && r.device != &dev)
           return fail(errc::wrong_device,
                       "argument " + std::to_string(i) + " points to memory of another device",
-                      s_.get());
+                      st());
       }
     }
     std::memcpy(block + params[i].offset, a.data, a.size);
   }
-  return detail::launch_block(s_.get(), k, cfg, {block, k.args_size()}, {}, nullptr);
+  return detail::launch_block(st(), k, cfg, {block, k.args_size()}, {}, nullptr);
 }
 
 pending<void> stream::launch(const kernel& k, const launch_config& cfg, const kernel_args& args) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", st());
   if (args.kernel().state() != k.state())
-    return fail(errc::argument_mismatch, "the argument list was built for another kernel", s_.get());
+    return fail(errc::argument_mismatch, "the argument list was built for another kernel", st());
   if (!args.finalized())
-    return fail(errc::args_not_finalized, "the argument list was not finalized", s_.get());
-  return detail::launch_block(s_.get(), k, cfg, args.block(), args.placeholders(), nullptr);
+    return fail(errc::args_not_finalized, "the argument list was not finalized", st());
+  return detail::launch_block(st(), k, cfg, args.block(), args.placeholders(), nullptr);
 }
 
 pending<void> stream::launch_host_block(const kernel& k, const launch_config& cfg,
                                         std::span<const std::byte> block,
                                         std::span<const placeholder_info> placeholders) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", st());
   const std::size_t need = k.args_size();
   if (block.data() == nullptr)
-    return fail(errc::invalid_argument, "the argument block is null", s_.get());
+    return fail(errc::invalid_argument, "the argument block is null", st());
   if (block.size() < need || (placeholders.empty() && block.size() != need))
     return fail(errc::argument_mismatch,
                 "kernel '" + std::string(k.name()) + "' takes a " + std::to_string(need) +
                     "-byte argument block; " + std::to_string(block.size()) + " bytes given",
-                s_.get());
+                st());
   const auto params = k.params();
   for (const auto& ph : placeholders) {
     const bool slot_ok = std::any_of(params.begin(), params.end(), [&](const param_info& p) {
@@ -281,68 +285,70 @@ pending<void> stream::launch_host_block(const kernel& k, const launch_config& cf
       return fail(errc::placeholder_misuse,
                   "placeholder address offset " + std::to_string(ph.addr_offset) +
                       " is not the offset of a pointer parameter",
-                  s_.get());
+                  st());
     if (ph.data_offset < need || ph.data_offset >= block.size())
       return fail(errc::placeholder_misuse,
                   "placeholder data offset " + std::to_string(ph.data_offset) +
                       " lies outside the data part of the block (" + std::to_string(need) + ".." +
                       std::to_string(block.size()) + ")",
-                  s_.get());
+                  st());
   }
-  return detail::launch_block(s_.get(), k, cfg, block, placeholders, nullptr);
+  return detail::launch_block(st(), k, cfg, block, placeholders, nullptr);
 }
 
 pending<void> stream::launch_pointer_array(const kernel& k, const launch_config& cfg,
                                            const void* const* args) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", st());
   const auto params = k.params();
   if (!args && !params.empty())
-    return fail(errc::invalid_argument, "the argument array is null", s_.get());
+    return fail(errc::invalid_argument, "the argument array is null", st());
   std::vector<std::byte> block(k.args_size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!args[i])
-      return fail(errc::invalid_argument, "args[" + std::to_string(i) + "] is null", s_.get());
+      return fail(errc::invalid_argument, "args[" + std::to_string(i) + "] is null", st());
     std::memcpy(block.data() + params[i].offset, args[i], params[i].size);
   }
-  return detail::launch_block(s_.get(), k, cfg, block, {}, nullptr);
+  return detail::launch_block(st(), k, cfg, block, {}, nullptr);
 }
 
 pending<void> stream::launch_device_block(const kernel& k, const launch_config& cfg,
                                           const void* device_block, std::size_t bytes) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  if (!k) return fail(errc::invalid_handle, "empty kernel handle", s_.get());
+  if (!k) return fail(errc::invalid_handle, "empty kernel handle", st());
   if (bytes != k.args_size())
     return fail(errc::argument_mismatch,
                 "kernel '" + std::string(k.name()) + "' takes a " + std::to_string(k.args_size()) +
                     "-byte argument block; " + std::to_string(bytes) + " bytes given",
-                s_.get());
+                st());
   std::error_code ec;
-  const auto r = s_->device->classify(device_block, bytes, ec);
-  if (ec) return fail(ec, s_.get());
-  if (r.k != detail::memory_region::kind::device || r.device != s_->device.get())
-    return fail(errc::invalid_pointer, "the argument block is not in this device's memory", s_.get());
-  return detail::launch_block(s_.get(), k, cfg, {}, {}, device_block);
+  const auto r = st()->device->classify(device_block, bytes, ec);
+  if (ec) return fail(ec, st());
+  if (r.k != detail::memory_region::kind::device || r.device != st()->device.get())
+    return fail(errc::invalid_pointer, "the argument block is not in this device's memory", st());
+  return detail::launch_block(st(), k, cfg, {}, {}, device_block);
 }
 
 // --- ordering -------------------------------------------------------------------------------
 
 pending<void> stream::record(event& ev) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  if (!ev) return fail(errc::invalid_handle, "empty event handle", s_.get());
+  if (!ev) return fail(errc::invalid_handle, "empty event handle", st());
   auto es = ev.state();
-  if (es->device.get() != s_->device.get())
-    return fail(errc::wrong_device, "the event belongs to another device", s_.get());
+  if (es->device.get() != st()->device.get())
+    return fail(errc::wrong_device, "the event belongs to another device", st());
   std::uint64_t recorded = 0;
-  auto h = s_->enqueue(
+  auto h = st()->enqueue(
       [&](std::uint64_t seq, std::error_code&, std::string&) {
-        s_->backend->record(seq, *es->backend);
+        st()->backend->record(seq, *es->backend);
         recorded = seq;
       },
       es);
   if (recorded) {
+    // The event may be awaited after later work is enqueued: it gets a marker of its own.
+    st()->mark(recorded);
     std::lock_guard lock(es->mutex);
-    es->stream = s_;
+    es->stream = detail::intrusive_ptr<detail::stream_state>::share(st());
     es->seq = recorded;
   }
   return pending<void>(std::move(h));
@@ -350,10 +356,10 @@ pending<void> stream::record(event& ev) {
 
 pending<void> stream::wait(const event& ev) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  if (!ev) return fail(errc::invalid_handle, "empty event handle", s_.get());
+  if (!ev) return fail(errc::invalid_handle, "empty event handle", st());
   auto es = ev.state();
-  if (es->device->properties.backend != s_->device->properties.backend)
-    return fail(errc::not_supported, "a stream cannot wait for an event of another backend", s_.get());
+  if (es->device->properties.backend != st()->device->properties.backend)
+    return fail(errc::not_supported, "a stream cannot wait for an event of another backend", st());
   detail::intrusive_ptr<detail::stream_state> source;
   {
     std::lock_guard lock(es->mutex);
@@ -361,23 +367,23 @@ pending<void> stream::wait(const event& ev) {
   }
   auto keep = std::make_shared<std::pair<std::shared_ptr<detail::event_state>,
                                          detail::intrusive_ptr<detail::stream_state>>>(es, source);
-  return pending<void>(s_->enqueue(
-      [&](std::uint64_t seq, std::error_code&, std::string&) { s_->backend->wait(seq, *es->backend); },
+  return pending<void>(st()->enqueue(
+      [&](std::uint64_t seq, std::error_code&, std::string&) { st()->backend->wait(seq, *es->backend); },
       keep));
 }
 
 pending<void> stream::host_func(std::function<void()> fn) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  if (!fn) return fail(errc::invalid_argument, "empty host function", s_.get());
-  return pending<void>(s_->enqueue([&](std::uint64_t seq, std::error_code& e, std::string& m) {
-    s_->backend->host_func(seq, std::move(fn), e);
+  if (!fn) return fail(errc::invalid_argument, "empty host function", st());
+  return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code& e, std::string& m) {
+    st()->backend->host_func(seq, std::move(fn), e);
     if (e) m = "the device cannot run host functions";
   }));
 }
 
 pending<void> stream::synchronize() {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
-  return pending<void>(s_->synchronize_handle());
+  return pending<void>(st()->synchronize_handle());
 }
 
 }  // namespace cora

@@ -67,6 +67,11 @@ void stream_state::commit_locked(std::uint64_t seq, std::shared_ptr<const void> 
   }
 }
 
+void stream_state::mark(std::uint64_t seq) {
+  std::lock_guard lock(mutex_);
+  if (seq == last_seq_ && (markers_.empty() || markers_.back().m.seq < seq)) record_marker_locked(seq);
+}
+
 op_handle stream_state::synchronize_handle() {
   std::lock_guard lock(mutex_);
   if (last_seq_ != 0 && (markers_.empty() || markers_.back().m.seq < last_seq_) &&

@@ -1,0 +1,123 @@
+#include "cora/runtime.hpp"
+
+#include <cstdlib>
+
+#include "support/device_fixture.hpp"
+
+namespace cora::test {
+namespace {
+
+struct env_var {
+  env_var(const char* n, const char* v) : name(n) {
+    const char* old = std::getenv(n);
+    if (old) saved = old;
+    had = old != nullptr;
+    ::setenv(n, v, 1);
+  }
+  ~env_var() {
+    if (had)
+      ::setenv(name, saved.c_str(), 1);
+    else
+      ::unsetenv(name);
+  }
+  const char* name;
+  std::string saved;
+  bool had = false;
+};
+
+TEST(runtime, AlwaysHasTheCpuDeviceLast) {
+  runtime rt;
+  ASSERT_GE(rt.device_count(), 1u);
+  auto& last = rt.device(rt.device_count() - 1);
+  EXPECT_EQ(last.backend(), backend_kind::cpu);
+  EXPECT_GT(last.properties().compute_units, 0u);
+  EXPECT_GT(last.properties().total_memory, 0u);
+  EXPECT_FALSE(last.name().empty());
+  EXPECT_EQ(last.index(), rt.device_count() - 1);
+}
+
+TEST(runtime, CpuBackendSelectionHasOnlyCpuDevices) {
+  env_var e("CORA_BACKEND", "cpu");
+  runtime rt;
+  for (std::size_t i = 0; i < rt.device_count(); ++i) EXPECT_EQ(rt.device(i).backend(), backend_kind::cpu);
+}
+
+TEST(runtime, InvalidEnvironmentValuesAreRejected) {
+  {
+    env_var e("CORA_BACKEND", "tpu");
+    EXPECT_CORA_ERROR(runtime(), errc::invalid_argument);
+  }
+  {
+    env_var e("CORA_COMPLETION", "sometimes");
+    EXPECT_CORA_ERROR(runtime(), errc::invalid_argument);
+  }
+  {
+    env_var e("CORA_DEVICE", "-1");
+    EXPECT_CORA_ERROR(runtime(), errc::invalid_argument);
+  }
+}
+
+TEST(runtime, DefaultDeviceFollowsCoraDevice) {
+  env_var b("CORA_BACKEND", "cpu");
+  runtime_options o;
+  o.cpu_devices = 3;
+  {
+    env_var d("CORA_DEVICE", "2");
+    runtime rt(o);
+    EXPECT_EQ(rt.default_device().index(), 2u);
+  }
+  {
+    env_var d("CORA_DEVICE", "3");
+    EXPECT_CORA_ERROR(runtime(o), errc::no_device);
+  }
+}
+
+TEST(runtime, CompletionPolicyFromTheEnvironment) {
+  env_var c("CORA_COMPLETION", "spin");
+  runtime rt;
+  EXPECT_EQ(rt.options().completion, completion_policy::spin);
+  EXPECT_STREQ(to_string(rt.options().completion), "spin");
+}
+
+TEST(runtime, ComputeUnitsAreConfigurable) {
+  runtime_options o;
+  o.use_environment = false;
+  o.backend = backend_selection::cpu;
+  o.cpu_compute_units = 3;
+  runtime rt(o);
+  EXPECT_EQ(rt.device(0).properties().compute_units, 3u);
+}
+
+TEST(runtime, DeviceOutOfRangeIsNoDevice) {
+  runtime rt;
+  EXPECT_CORA_ERROR(rt.device(rt.device_count()), errc::no_device);
+}
+
+TEST(runtime, ReportsItsBackends) {
+  runtime rt;
+  auto b = rt.backends();
+  ASSERT_EQ(b.size(), 2u);
+  bool cpu = false;
+  for (auto& s : b)
+    if (s.name == "cpu") cpu = s.available;
+  EXPECT_TRUE(cpu);
+}
+
+TEST(runtime, ObjectsOutliveTheRuntimeAndFailCleanly) {
+  stream s;
+  device_buffer<float> buf;
+  {
+    runtime_options o;
+    o.use_environment = false;
+    o.backend = backend_selection::cpu;
+    runtime rt(o);
+    s = rt.device(0).make_stream();
+    buf = rt.device(0).alloc<float>(16);
+  }
+  EXPECT_CORA_ERROR(s.fill(buf, 0).wait(), errc::runtime_shut_down);
+  buf.reset();
+  s = stream();
+}
+
+}  // namespace
+}  // namespace cora::test

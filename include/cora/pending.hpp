@@ -93,8 +93,15 @@ class pending_awaiter : private wait_node {
 };
 
 template <class T>
-using wait_signature =
-    std::conditional_t<std::is_void_v<T>, void(std::error_code), void(std::error_code, T)>;
+struct wait_signature_of {
+  using type = void(std::error_code, T);
+};
+template <>
+struct wait_signature_of<void> {
+  using type = void(std::error_code);
+};
+template <class T>
+using wait_signature = typename wait_signature_of<T>::type;
 
 template <class T, class Handler>
 class wait_op : private wait_node {

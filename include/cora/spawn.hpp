@@ -81,8 +81,15 @@ void start_detached(const asio::any_io_executor& ex, task<T> t, Done done) {
 }
 
 template <class T>
-using spawn_signature = std::conditional_t<std::is_void_v<T>, void(std::exception_ptr),
-                                           void(std::exception_ptr, T)>;
+struct spawn_signature_of {
+  using type = void(std::exception_ptr, T);
+};
+template <>
+struct spawn_signature_of<void> {
+  using type = void(std::exception_ptr);
+};
+template <class T>
+using spawn_signature = typename spawn_signature_of<T>::type;
 
 struct initiate_spawn {
   template <class Handler>

@@ -1,0 +1,153 @@
+#include "cora/pending.hpp"
+
+#include <asio/bind_executor.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/deferred.hpp>
+#include <asio/io_context.hpp>
+#include <asio/strand.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+#include <thread>
+
+#include "support/device_fixture.hpp"
+
+namespace cora::test {
+namespace {
+
+class pending_test : public device_test {
+ protected:
+  pending<void> slow_op(stream& s, std::uint64_t us) {
+    if (!flag_) flag_ = dev().alloc<std::uint32_t>(1);
+    return s.launch(kernels().kernel("slow"), {}, us, flag_);
+  }
+  device_buffer<std::uint32_t> flag_;
+};
+CORA_DEVICE_SUITE(pending_test);
+
+TEST_P(pending_test, ReadyAndWaitAndError) {
+  auto s = dev().make_stream();
+  auto p = slow_op(s, 20000);
+  EXPECT_TRUE(p.valid());
+  EXPECT_FALSE(p.ready());
+  EXPECT_EQ(p.error(), make_error_code(errc::not_ready));
+  p.wait();
+  EXPECT_TRUE(p.ready());
+  EXPECT_FALSE(p.error());
+}
+
+TEST_P(pending_test, EmptyPendingIsAnInvalidHandle) {
+  pending<void> p;
+  EXPECT_FALSE(p.valid());
+  EXPECT_TRUE(p.ready());
+  EXPECT_CORA_ERROR(p.wait(), errc::invalid_handle);
+}
+
+TEST_P(pending_test, CallbackTokenRunsOnTheHandlersExecutor) {
+  asio::io_context ctx;
+  auto s = dev().make_stream();
+  std::error_code got = make_error_code(errc::not_ready);
+  bool on_ctx = false;
+  slow_op(s, 1000).async_wait(asio::bind_executor(ctx, [&](std::error_code ec) {
+    got = ec;
+    on_ctx = ctx.get_executor().running_in_this_thread();
+  }));
+  ctx.run();
+  EXPECT_FALSE(got);
+  EXPECT_TRUE(on_ctx);
+}
+
+TEST_P(pending_test, UseAwaitableTokenInAnAsioCoroutine) {
+  asio::io_context ctx;
+  auto s = dev().make_stream();
+  bool done = false;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        co_await slow_op(s, 1000).async_wait(asio::use_awaitable);
+        auto b = co_await dev().load_binary(kernel_file("test_kernels.corabin")).async_wait(asio::use_awaitable);
+        EXPECT_TRUE(b.loaded());
+        done = true;
+      },
+      asio::detached);
+  ctx.run();
+  EXPECT_TRUE(done);
+}
+
+TEST_P(pending_test, UseFutureToken) {
+  asio::io_context ctx;
+  auto work = asio::make_work_guard(ctx);
+  std::thread t([&] { ctx.run(); });
+  auto s = dev().make_stream();
+  std::future<void> f = slow_op(s, 1000).async_wait(asio::bind_executor(ctx, asio::use_future));
+  EXPECT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  f.get();
+  work.reset();
+  t.join();
+}
+
+TEST_P(pending_test, DeferredToken) {
+  asio::io_context ctx;
+  auto s = dev().make_stream();
+  auto op = slow_op(s, 1000).async_wait(asio::experimental::deferred);
+  bool called = false;
+  std::move(op)(asio::bind_executor(ctx, [&](std::error_code ec) {
+    EXPECT_FALSE(ec);
+    called = true;
+  }));
+  ctx.run();
+  EXPECT_TRUE(called);
+}
+
+TEST_P(pending_test, AsTupleTokenDeliversTheErrorAsAValue) {
+  asio::io_context ctx;
+  auto s = dev().make_stream();
+  std::error_code got;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        auto [ec] = co_await s.copy(nullptr, nullptr, 8).async_wait(
+            asio::experimental::as_tuple(asio::use_awaitable));
+        got = ec;
+      },
+      asio::detached);
+  ctx.run();
+  EXPECT_EQ(got, make_error_code(errc::invalid_pointer));
+}
+
+TEST_P(pending_test, AnAlreadyCompleteOpNeverCompletesInsideTheInitiation) {
+  asio::io_context ctx;
+  auto s = dev().make_stream();
+  auto p = s.copy(nullptr, nullptr, 0);  // complete at once
+  bool called = false;
+  p.async_wait(asio::bind_executor(ctx, [&](std::error_code) { called = true; }));
+  EXPECT_FALSE(called);
+  ctx.run();
+  EXPECT_TRUE(called);
+}
+
+TEST_P(pending_test, PlainCoroutineResumesOnTheEngineThread) {
+  struct fire_and_forget {
+    struct promise_type {
+      fire_and_forget get_return_object() { return {}; }
+      std::suspend_never initial_suspend() { return {}; }
+      std::suspend_never final_suspend() noexcept { return {}; }
+      void return_void() {}
+      void unhandled_exception() { std::terminate(); }
+    };
+  };
+  auto s = dev().make_stream();
+  std::promise<std::thread::id> resumed_on;
+  auto body = [&](pending<void> p) -> fire_and_forget {
+    co_await p;
+    resumed_on.set_value(std::this_thread::get_id());
+  };
+  body(slow_op(s, 2000));
+  auto f = resumed_on.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_NE(f.get(), std::this_thread::get_id());
+}
+
+}  // namespace
+}  // namespace cora::test

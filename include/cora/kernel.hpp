@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "cora/half.hpp"
+#include "cora/kernel_types.hpp"
 
 #if defined(__CUDACC__)
 
@@ -25,9 +25,6 @@
 #define CORA_REGISTER_KERNEL(name)
 
 namespace cora {
-
-/// CANN's GM_ADDR: an untyped pointer into device (global) memory.
-using gm_addr = std::uint8_t*;
 
 /// Linear index of this block in the grid.
 __device__ inline std::uint32_t block_idx() {
@@ -88,8 +85,6 @@ __device__ inline std::uint64_t clock_ns() {
 #define CORA_DEVICE inline
 
 namespace cora {
-
-using gm_addr = std::uint8_t*;
 
 namespace detail {
 

@@ -194,6 +194,8 @@ class stream_state final : public completion_source {
   void unlink_locked(wait_node& node) noexcept;
   void release_keepalive_locked(std::vector<std::shared_ptr<const void>>& out);
   bool poll_locked(std::vector<wait_node*>& fired, std::vector<std::shared_ptr<const void>>& drop);
+  /// Advances `completed` past completed markers and releases finished ops' keep-alives.
+  bool advance_locked(std::vector<std::shared_ptr<const void>>& drop);
 
   mutable std::mutex mutex_;
   std::uint64_t last_seq_ = 0;
@@ -206,6 +208,7 @@ class stream_state final : public completion_source {
   std::error_code error_;
   std::string error_message_;
   std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
+  std::size_t trim_at_ = 256;  // keep-alive count that makes an enqueue observe progress
   staging_arena arena_;
   // Learning op durations for the hybrid policy.
   clock::time_point last_done_{};

@@ -44,27 +44,18 @@ void stream_state::note_marker_for_tail_locked() {
 void stream_state::commit_locked(std::uint64_t seq, std::shared_ptr<const void> keep) {
   last_seq_ = seq;
   tail_watch_.store(seq, std::memory_order_release);
-  if (keep) {
-    keepalive_.emplace_back(seq, std::move(keep));
-    if (keepalive_.size() > keepalive_trim) {
-      // Nobody waits on this stream: observe progress now and then so that what finished ops
-      // kept alive is released.
-      if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
-      std::vector<wait_node*> fired;
-      std::vector<std::shared_ptr<const void>> drop;
-      poll_locked(fired, drop);
-      // No waiter was linked by this path that is not also handled by its group's poller:
-      // hand fired nodes back by completing them after the lock is released.
-      if (!fired.empty() || !drop.empty()) {
-        mutex_.unlock();
-        for (wait_node* n : fired)
-          if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
-        fire(fired, false);
-        drop.clear();
-        mutex_.lock();
-      }
-    }
-  }
+  if (!keep) return;
+  keepalive_.emplace_back(seq, std::move(keep));
+  if (keepalive_.size() < trim_at_) return;
+  // Nobody has waited on this stream for a while: observe its progress so that what finished
+  // ops kept alive is released. Waiters are left to their pollers.
+  if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
+  std::vector<std::shared_ptr<const void>> drop;
+  advance_locked(drop);
+  trim_at_ = keepalive_.size() + keepalive_trim;
+  mutex_.unlock();  // finished ops' resources are released without the lock
+  drop.clear();
+  mutex_.lock();
 }
 
 void stream_state::mark(std::uint64_t seq) {
@@ -200,10 +191,8 @@ bool stream_state::disarm(wait_node& node) noexcept {
   return true;
 }
 
-bool stream_state::poll_locked(std::vector<wait_node*>& fired,
-                               std::vector<std::shared_ptr<const void>>& drop) {
+bool stream_state::advance_locked(std::vector<std::shared_ptr<const void>>& drop) {
   bool progress = false;
-  const std::size_t fired_before = fired.size();
   const auto now = clock::now();
   while (!markers_.empty()) {
     marker_rec& front = markers_.front();
@@ -215,8 +204,7 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired,
     if (st == backend::marker_state::failed) {
       backend::fault f = backend->take_fault();
       const std::uint64_t at = f.seq ? f.seq : completed_.load(std::memory_order_relaxed) + 1;
-      if (error_seq_.load(std::memory_order_relaxed) == ~std::uint64_t{0} ||
-          at < error_seq_.load(std::memory_order_relaxed)) {
+      if (at < error_seq_.load(std::memory_order_relaxed)) {
         error_ = f.ec ? f.ec : make_error_code(errc::kernel_fault);
         error_message_ = f.message.empty() ? "device fault" : f.message;
         error_seq_.store(at, std::memory_order_release);
@@ -242,6 +230,19 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired,
     progress = true;
   }
   const std::uint64_t done = completed_.load(std::memory_order_relaxed);
+  while (!keepalive_.empty() && keepalive_.front().first <= done) {
+    drop.push_back(std::move(keepalive_.front().second));
+    keepalive_.pop_front();
+  }
+  if (keepalive_.size() < keepalive_trim) trim_at_ = keepalive_trim;
+  return progress;
+}
+
+bool stream_state::poll_locked(std::vector<wait_node*>& fired,
+                               std::vector<std::shared_ptr<const void>>& drop) {
+  const std::size_t fired_before = fired.size();
+  const bool progress = advance_locked(drop);
+  const std::uint64_t done = completed_.load(std::memory_order_relaxed);
   while (head_ && head_->seq <= done) {
     wait_node* n = head_;
     unlink_locked(*n);
@@ -249,10 +250,6 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired,
     if (!n->state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) continue;
     n->ec = result_locked(n->seq, n->sync);
     fired.push_back(n);
-  }
-  while (!keepalive_.empty() && keepalive_.front().first <= done) {
-    drop.push_back(std::move(keepalive_.front().second));
-    keepalive_.pop_front();
   }
   return progress || fired.size() > fired_before;
 }

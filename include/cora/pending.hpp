@@ -92,9 +92,18 @@ class pending_awaiter : private wait_node {
   asio::any_io_executor executor_;
 };
 
+// A specialization, not std::conditional_t: `void(std::error_code, void)` is ill-formed even
+// in the branch that is not taken.
 template <class T>
-using wait_signature =
-    std::conditional_t<std::is_void_v<T>, void(std::error_code), void(std::error_code, T)>;
+struct wait_signature_of {
+  using type = void(std::error_code, T);
+};
+template <>
+struct wait_signature_of<void> {
+  using type = void(std::error_code);
+};
+template <class T>
+using wait_signature = typename wait_signature_of<T>::type;
 
 template <class T, class Handler>
 class wait_op : private wait_node {

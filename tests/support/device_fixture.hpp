@@ -81,13 +81,13 @@ void with_watchdog(std::chrono::seconds limit, F&& f) {
 }
 
 /// Expects `expr` to throw cora::error with code `code`.
-#define EXPECT_CORA_ERROR(expr, code)                                                       \
+#define EXPECT_CORA_ERROR(expr, expected)                                                   \
   do {                                                                                      \
     try {                                                                                   \
       (void)(expr);                                                                         \
       ADD_FAILURE() << #expr " did not throw";                                              \
     } catch (const ::cora::error& e_) {                                                     \
-      EXPECT_EQ(e_.code(), ::std::error_code(code)) << e_.what();                           \
+      EXPECT_EQ(e_.code(), ::std::error_code(expected)) << e_.what();                       \
     }                                                                                       \
   } while (0)
 

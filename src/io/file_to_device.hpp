@@ -1,0 +1,34 @@
+// stream::read_file: a file region streamed into device memory through a ring of pinned
+// staging buffers, each chunk's host-to-device copy overlapping the next chunks' reads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+
+#include "cora/pending.hpp"
+#include "cora/stream.hpp"
+
+namespace cora::detail {
+
+class stream_state;
+
+namespace io {
+
+/// Starts reading `bytes` bytes of `path` at `offset` into `dst` on stream `s`; returns at
+/// once (the file is opened on the I/O queue). See stream::read_file for the contract.
+pending<std::size_t> read_file_to_device(stream_state& s, void* dst,
+                                         const std::filesystem::path& path, std::uint64_t offset,
+                                         std::size_t bytes, const read_options& options);
+
+/// Pinned staging memory currently held by reads in flight, in bytes (for tests: it must
+/// return to zero once every read has completed, cancelled or not).
+std::size_t staging_bytes_in_use() noexcept;
+
+/// Alignment of file offsets, lengths and memory for O_DIRECT reads: 4 KiB covers the logical
+/// block size of practically every device; a file system that wants more fails the first read
+/// with EINVAL and the read goes on buffered.
+inline constexpr std::size_t direct_alignment = 4096;
+
+}  // namespace io
+}  // namespace cora::detail

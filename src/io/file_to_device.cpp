@@ -19,8 +19,6 @@ namespace cora::detail::io {
 
 namespace {
 
-std::atomic<std::size_t> staging_in_use{0};
-
 std::error_code sys_error(int err) { return {err, std::system_category()}; }
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -72,10 +70,9 @@ class file_read_op final : public async_state<std::size_t> {
     slot* owner = nullptr;
   };
   struct slot {
-    std::byte* alloc = nullptr;  // the pinned allocation
-    std::byte* host = nullptr;   // aligned start inside it
-    std::size_t size = 0;
-    int reg = -1;  // fixed-buffer index
+    staging_buffer buf;
+    std::byte* host = nullptr;  // buf.host
+    int reg = -1;               // fixed-buffer index for reads on q_, or -1
     slot_state st = slot_state::idle;
     std::size_t chunk = 0;  // chunk index being read or copied
     std::size_t got = 0;    // bytes of the chunk read so far
@@ -150,30 +147,22 @@ class file_read_op final : public async_state<std::size_t> {
 
   bool make_slots(std::error_code& ec, std::string& message) {
     const std::size_t n = std::min<std::size_t>(options_.depth, chunks_);
-    // A small read needs no more than its span; the extra alignment lets the staging start on
-    // an O_DIRECT boundary whatever the backend's allocator returns.
-    const std::size_t size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, span_end_ - span_begin_));
-    const std::size_t alloc = size + direct_alignment;
-    auto& dev = *device_;
+    // A small read needs no more than its span.
+    const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, span_end_ - span_begin_));
     for (std::size_t i = 0; i < n; ++i) {
       auto s = std::make_unique<slot>();
-      void* p = dev.backend->alloc_host(alloc, ec);
+      // Registered only for direct reads, where the saved per-read page pinning matters.
+      s->buf = take_staging(*device_, size, direct_ ? &q_ : nullptr, ec);
       if (ec) {
         message = "cannot allocate " + std::to_string(n) + " staging buffers of " +
                   std::to_string(size) + " bytes for reading '" + path_.string() + "'";
         return false;
       }
-      dev.runtime->add_pinned(p, alloc, &dev);
-      staging_in_use.fetch_add(alloc, std::memory_order_relaxed);
-      s->alloc = static_cast<std::byte*>(p);
-      s->host = s->alloc + (round_up(reinterpret_cast<std::uintptr_t>(p), direct_alignment) -
-                            reinterpret_cast<std::uintptr_t>(p));
-      s->size = size;
+      s->host = s->buf.host;
+      s->reg = s->buf.queue == &q_ ? s->buf.reg : -1;
       s->wait.op = this;
       s->wait.owner = s.get();
       s->wait.on_complete = &on_copy_complete;
-      // Registered only for direct reads, where the saved per-read page pinning matters.
-      if (direct_) s->reg = q_.register_buffer(s->host, size);
       slots_.push_back(std::move(s));
     }
     return true;
@@ -350,12 +339,7 @@ class file_read_op final : public async_state<std::size_t> {
     finished_ = true;
     if (fd_ >= 0) q_.close(fd_);
     fd_ = -1;
-    auto& dev = *device_;
-    for (auto& s : slots_) {
-      q_.unregister_buffer(s->reg);
-      free_host_memory(dev, s->alloc);
-      staging_in_use.fetch_sub(s->size + direct_alignment, std::memory_order_relaxed);
-    }
+    for (auto& s : slots_) give_back_staging(*device_, s->buf);
     slots_.clear();
     std::error_code ec = error_;
     std::string message = std::move(message_);
@@ -412,8 +396,6 @@ pending<std::size_t> failed(std::error_code ec, std::string message, stream_stat
 }
 
 }  // namespace
-
-std::size_t staging_bytes_in_use() noexcept { return staging_in_use.load(std::memory_order_relaxed); }
 
 pending<std::size_t> read_file_to_device(stream_state& s, void* dst,
                                          const std::filesystem::path& path, std::uint64_t offset,

@@ -8,6 +8,7 @@
 
 #include "cora/pending.hpp"
 #include "cora/stream.hpp"
+#include "io/staging_pool.hpp"
 
 namespace cora::detail {
 
@@ -20,15 +21,6 @@ namespace io {
 pending<std::size_t> read_file_to_device(stream_state& s, void* dst,
                                          const std::filesystem::path& path, std::uint64_t offset,
                                          std::size_t bytes, const read_options& options);
-
-/// Pinned staging memory currently held by reads in flight, in bytes (for tests: it must
-/// return to zero once every read has completed, cancelled or not).
-std::size_t staging_bytes_in_use() noexcept;
-
-/// Alignment of file offsets, lengths and memory for O_DIRECT reads: 4 KiB covers the logical
-/// block size of practically every device; a file system that wants more fails the first read
-/// with EINVAL and the read goes on buffered.
-inline constexpr std::size_t direct_alignment = 4096;
 
 }  // namespace io
 }  // namespace cora::detail

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <asio/error.hpp>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>

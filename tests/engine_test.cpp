@@ -11,6 +11,7 @@
 #include <asio/use_awaitable.hpp>
 #include <atomic>
 #include <cstdlib>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -282,6 +283,24 @@ TEST_P(engine_test, StressManyCoroutinesManyStreams) {
     EXPECT_EQ(failed.load(), 0);
     EXPECT_GT(checked.load(), 0);
   });
+}
+
+// The hybrid policy sleeps until an op is expected to end, learning durations per stream. A
+// long op must not teach it to sleep that long for the short ops that follow (each would
+// then take as long as the long one to be seen complete).
+TEST_P(engine_test, LongOpDoesNotDelayLaterShortOpsOnTheEngineThread) {
+  auto s = dev().make_stream();
+  s.host_func([] { std::this_thread::sleep_for(300ms); }).wait();
+  std::chrono::steady_clock::duration worst{};
+  for (int i = 0; i < 12; ++i) {
+    std::promise<void> done;
+    const auto t0 = std::chrono::steady_clock::now();
+    // No executor: the engine thread detects completion and runs the handler.
+    s.host_func([] { std::this_thread::sleep_for(2ms); }).async_wait([&](std::error_code) { done.set_value(); });
+    done.get_future().wait();
+    if (i >= 6) worst = std::max(worst, std::chrono::steady_clock::now() - t0);
+  }
+  EXPECT_LT(worst, 50ms) << "short ops are detected as late as the long op before them";
 }
 
 }  // namespace

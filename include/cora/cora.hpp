@@ -6,6 +6,7 @@
 #include "cora/error.hpp"
 #include "cora/event.hpp"
 #include "cora/half.hpp"
+#include "cora/io.hpp"
 #include "cora/kernel_args.hpp"
 #include "cora/launch.hpp"
 #include "cora/memory.hpp"

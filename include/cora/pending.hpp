@@ -92,6 +92,8 @@ class pending_awaiter : private wait_node {
   asio::any_io_executor executor_;
 };
 
+// A specialization, not std::conditional_t: `void(std::error_code, void)` is ill-formed even
+// in the branch that is not taken.
 template <class T>
 struct wait_signature_of {
   using type = void(std::error_code, T);
@@ -121,7 +123,7 @@ class wait_op : private wait_node {
       finish(false);
       return;
     }
-    if (slot.is_connected()) slot.assign([this](asio::cancellation_type) { cancel(); });
+    if (slot.is_connected()) slot.assign([this](asio::cancellation_type t) { cancel(t); });
     if (!source_->arm(*this, seq_, executor_ ? &executor_ : nullptr)) finish(false);
   }
 
@@ -132,7 +134,11 @@ class wait_op : private wait_node {
     self.finish(may_run_inline || !self.executor_);
   }
 
-  void cancel() noexcept {
+  void cancel(asio::cancellation_type type) noexcept {
+    // An op that can stop (a file read) completes by itself, with a defined end state. Only
+    // terminal and partial cancellation allow that: it has side effects (data already copied).
+    constexpr auto stoppable = asio::cancellation_type::terminal | asio::cancellation_type::partial;
+    if ((type & stoppable) != asio::cancellation_type::none && source_->request_cancel(seq_)) return;
     if (source_->disarm(*this)) {
       this->ec = asio::error::operation_aborted;
       finish(false);
@@ -196,7 +202,9 @@ struct initiate_wait {
 ///   with the signature `void(std::error_code)` or `void(std::error_code, T)`. The handler runs
 ///   on its associated executor (on the engine thread if it has none). An Asio cancellation
 ///   signal completes the wait at once with `asio::error::operation_aborted`; the device work
-///   runs on, and everything it uses stays alive until it finishes.
+///   runs on, and everything it uses stays alive until it finishes. Ops that can stop early
+///   (stream::read_file) stop instead on terminal or partial cancellation, and the wait
+///   completes with `operation_aborted` once they have.
 /// - `wait()` blocks the calling thread; `ready()` tells without blocking or calling the driver.
 ///
 /// Dropping a pending is allowed: the work still runs, and a failure surfaces at the next wait

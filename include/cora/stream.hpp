@@ -44,10 +44,15 @@ struct stream_options {
 
 /// Options of stream::read_file.
 struct read_options {
-  std::size_t chunk_bytes = std::size_t{4} << 20;  ///< bytes per staging buffer
-  unsigned depth = 4;                              ///< staging buffers in flight
-  bool direct = true;  ///< O_DIRECT with aligned registered buffers where the file system allows
-  bool force_blocking = false;  ///< read with a blocking thread instead of io_uring
+  /// Bytes per staging buffer (rounded up to 4 KiB for O_DIRECT; at most 512 MiB).
+  std::size_t chunk_bytes = std::size_t{4} << 20;
+  /// Staging buffers, hence chunks being read or copied at once (at least 1).
+  unsigned depth = 4;
+  /// Read with O_DIRECT into aligned, registered staging buffers where the file system allows
+  /// (bypassing the page cache); buffered reads otherwise, or when it refuses (EINVAL).
+  bool direct = true;
+  /// Read on the blocking fallback thread (pread) even where io_uring is available.
+  bool force_blocking = false;
 };
 
 /// An in-order queue of device work.
@@ -141,10 +146,29 @@ class stream {
 
   // --- files ---------------------------------------------------------------------------------
 
-  /// Reads `bytes` bytes of `path` from `offset` into device memory at `dst`, through pinned
-  /// staging buffers: each chunk is copied to the device in stream order while the next is
-  /// read. Completes when the data is on the device; yields the bytes read. Reading past the
-  /// end of the file fails with errc::out_of_range (nothing short is silently accepted).
+  /// Reads `bytes` bytes of `path` from `offset` into memory at `dst` (device memory of this
+  /// device, usually) without blocking the caller: the file is opened and read on cora's I/O
+  /// queue (io_uring, or a blocking thread where io_uring is unavailable; see cora/io.hpp)
+  /// into `options.depth` pinned staging buffers, and each chunk is copied to `dst` on this
+  /// stream while the next chunks are read. A staging buffer takes a new chunk only once its
+  /// copy has completed. Completes when all the data is at `dst`; yields `bytes`.
+  ///
+  /// The copies are enqueued on this stream as chunks arrive, in file order: work enqueued
+  /// meanwhile is interleaved with them, so wait for the returned pending before using the
+  /// data (on this or any stream).
+  ///
+  /// Errors (the message names the path): the open's errno (no such file, permission denied),
+  /// EISDIR for a directory, EINVAL for other non-regular files, errc::out_of_range when the
+  /// range runs past the end of the file, std::errc::io_error when the file shrinks during
+  /// the read, errc::invalid_pointer for a bad `dst`, errc::invalid_argument for a zero chunk
+  /// size or depth. Nothing short is silently accepted.
+  ///
+  /// Cancellation: a terminal or partial Asio cancellation of `async_wait` (e.g. losing an
+  /// `awaitable_operators ||` race against a timer) stops the read: reads in flight are
+  /// cancelled, copies already enqueued finish, the staging buffers are released, then the
+  /// wait completes with asio::error::operation_aborted. Because chunks are copied in file
+  /// order, `dst` then holds a prefix of the range (its length is in the error message) and
+  /// is untouched past it. A failed read leaves `dst` in the same state.
   pending<std::size_t> read_file(void* dst, const std::filesystem::path& path,
                                  std::uint64_t offset, std::size_t bytes,
                                  const read_options& options = {});

@@ -215,6 +215,8 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
     st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
     return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
   }
+  // The read goes through the I/O queue; its callback runs on the queue's thread, so the
+  // load (a driver call that may take long) is handed to the host pool.
   detail::read_whole_file(path, [dev = s_, st, options, path](std::error_code ec, std::string message,
                                                                std::vector<std::byte> bytes) mutable {
     if (ec) {
@@ -225,14 +227,18 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
       st->complete(make_error_code(errc::invalid_binary), "'" + path.string() + "' is empty");
       return;
     }
-    std::string m;
-    auto b = detail::load_binary_image(dev, std::move(bytes), options, ec, m);
-    if (ec) {
-      st->complete(ec, "'" + path.string() + "': " + m);
-      return;
-    }
-    st->set_value(binary(std::move(b)));
-    st->complete({});
+    asio::post(detail::host_pool(), [dev = std::move(dev), st, bytes = std::move(bytes), options,
+                                     path = std::move(path)]() mutable {
+      std::error_code e;
+      std::string m;
+      auto b = detail::load_binary_image(dev, std::move(bytes), options, e, m);
+      if (e) {
+        st->complete(e, "'" + path.string() + "': " + m);
+        return;
+      }
+      st->set_value(binary(std::move(b)));
+      st->complete({});
+    });
   });
   return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
 }

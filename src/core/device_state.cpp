@@ -168,7 +168,18 @@ void device_state::shutdown(std::chrono::milliseconds timeout) noexcept {
   const auto deadline = clock::now() + timeout;
   for (auto& s : streams) s->drain(deadline);
   streams.clear();
+  std::vector<std::function<void()>> hooks;
+  {
+    std::lock_guard lock(hooks_mutex_);
+    hooks.swap(shutdown_hooks_);
+  }
+  for (auto& h : hooks) h();
   backend->shutdown();
+}
+
+void device_state::on_shutdown(std::function<void()> fn) {
+  std::lock_guard lock(hooks_mutex_);
+  shutdown_hooks_.push_back(std::move(fn));
 }
 
 }  // namespace cora::detail

@@ -22,6 +22,9 @@ constexpr auto park_early = std::chrono::microseconds(100);
 constexpr auto wake_margin = std::chrono::microseconds(20);
 // How long past the expected end the engine keeps spinning before sleeping in steps.
 constexpr auto overrun_spin = std::chrono::microseconds(200);
+// The longest sleep on a prediction: one learned from a long op must not hold up the short
+// ops after it for that long.
+constexpr auto max_predicted_sleep = std::chrono::milliseconds(1);
 
 struct group_policy {
   completion_policy policy = completion_policy::blocking;
@@ -362,7 +365,7 @@ void engine::run() {
     if (wake_) continue;
     if (any_hybrid && next != clock::time_point::max()) {
       if (next - now > wake_margin) {
-        cv_.wait_until(lock, next - wake_margin);
+        cv_.wait_until(lock, std::min(next - wake_margin, now + max_predicted_sleep));
         continue;
       }
       if (now < next + overrun_spin) continue;  // expected any moment: spin

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,8 +91,12 @@ class device_state : public std::enable_shared_from_this<device_state> {
   void remove_stream(stream_state* s);
   std::vector<intrusive_ptr<stream_state>> streams();
 
-  /// Fails every wait, lets the device finish its work (up to `timeout`), stops the backend.
+  /// Fails every wait, lets the device finish its work (up to `timeout`), runs the shutdown
+  /// hooks, stops the backend.
   void shutdown(std::chrono::milliseconds timeout) noexcept;
+  /// Runs `fn` at shutdown, once the streams have drained and before the backend stops: for
+  /// facilities that keep per-device resources (io's cache of staging buffers).
+  void on_shutdown(std::function<void()> fn);
 
  private:
   mutable std::shared_mutex alloc_mutex_;
@@ -99,6 +104,8 @@ class device_state : public std::enable_shared_from_this<device_state> {
   std::size_t in_use_ = 0;
   std::mutex streams_mutex_;
   std::set<stream_state*> streams_;
+  std::mutex hooks_mutex_;
+  std::vector<std::function<void()>> shutdown_hooks_;
 };
 
 /// Per-stream ring of device and pinned memory for placeholder payloads: each launch's payload

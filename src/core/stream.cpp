@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/state.hpp"
+#include "io/file_to_device.hpp"
 #include "cora/device.hpp"
 
 namespace cora {
@@ -379,6 +380,20 @@ pending<void> stream::host_func(std::function<void()> fn) {
     st()->backend->host_func(seq, std::move(fn), e);
     if (e) m = "the device cannot run host functions";
   }));
+}
+
+// --- files ----------------------------------------------------------------------------------
+
+pending<std::size_t> stream::read_file(void* dst, const std::filesystem::path& path,
+                                       std::uint64_t offset, std::size_t bytes,
+                                       const read_options& options) {
+  if (!s_) {
+    auto st = detail::make_intrusive<detail::async_state<std::size_t>>();
+    st->complete(make_error_code(errc::invalid_handle), "empty stream handle");
+    return pending<std::size_t>(
+        detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
+  }
+  return detail::io::read_file_to_device(*st(), dst, path, offset, bytes, options);
 }
 
 pending<void> stream::synchronize() {

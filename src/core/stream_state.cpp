@@ -221,7 +221,10 @@ bool stream_state::advance_locked(std::vector<std::shared_ptr<const void>>& drop
           last_pending_query_ > start
               ? std::chrono::duration<double, std::nano>(last_pending_query_ - start).count()
               : 0.0;
-      ewma_ns_ = std::clamp(ewma_ns_, lower, upper);
+      // Found done with no pending query just before: the op was shorter than predicted.
+      // Halve toward the lower bound; a clamp to [lower, upper] would keep an overestimate
+      // for ever, since every later detection then comes late and bounds it from above only.
+      ewma_ns_ = std::max(lower, std::min(ewma_ns_, upper) / 2);
     }
     last_done_ = now;
     completed_.store(front.m.seq, std::memory_order_release);

@@ -4,19 +4,105 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <asio/post.hpp>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
-#include "core/host_pool.hpp"
+#include "io/io_queue.hpp"
 
 namespace cora::detail {
 
 namespace {
 
-std::string describe(const std::filesystem::path& path, int err) {
-  return "cannot read '" + path.string() + "': " + std::strerror(err);
+std::error_code sys_error(int err) { return {err, std::system_category()}; }
+
+std::string describe(const char* what, const std::filesystem::path& path, int err) {
+  return std::string(what) + " '" + path.string() + "': " + std::strerror(err);
 }
+
+std::string short_read(const std::filesystem::path& path, std::size_t got, std::size_t want) {
+  return "short read of '" + path.string() + "': " + std::to_string(got) + " of " +
+         std::to_string(want) + " bytes (the file shrank while being read)";
+}
+
+}  // namespace
+
+std::size_t regular_file_size(int fd, const std::filesystem::path& path, std::error_code& ec,
+                              std::string& message) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ec = sys_error(errno);
+    message = describe("cannot stat", path, errno);
+    return 0;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const int err = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+    ec = sys_error(err);
+    message = S_ISDIR(st.st_mode) ? describe("cannot read", path, err)
+                                  : "cannot read '" + path.string() + "': not a regular file";
+    return 0;
+  }
+  return static_cast<std::size_t>(st.st_size);
+}
+
+namespace {
+
+/// One whole-file read in flight; owned by the callbacks that continue it.
+struct whole_read : std::enable_shared_from_this<whole_read> {
+  whole_read(io::io_queue& queue, std::filesystem::path p, file_callback cb)
+      : q(queue), path(std::move(p)), done(std::move(cb)) {}
+
+  io::io_queue& q;
+  std::filesystem::path path;
+  file_callback done;
+  int fd = -1;
+  std::vector<std::byte> bytes;
+  std::size_t got = 0;
+
+  void start() {
+    q.open(path.string(), O_RDONLY | O_CLOEXEC,
+           [self = shared_from_this()](int res) { self->on_open(res); });
+  }
+
+  void on_open(int res) {
+    if (res < 0) return finish(sys_error(-res), describe("cannot open", path, -res));
+    fd = res;
+    std::error_code ec;
+    std::string message;
+    const std::size_t size = regular_file_size(fd, path, ec, message);
+    if (ec) return finish(ec, std::move(message));
+    try {
+      bytes.resize(size);
+    } catch (const std::bad_alloc&) {
+      return finish(std::make_error_code(std::errc::not_enough_memory),
+                    "cannot read '" + path.string() + "': " + std::to_string(size) +
+                        " bytes do not fit in memory");
+    }
+    next();
+  }
+
+  void next() {
+    if (got == bytes.size()) return finish({}, {});
+    q.read(fd, bytes.data() + got, bytes.size() - got, got, -1,
+           [self = shared_from_this()](int res) { self->on_read(res); });
+  }
+
+  void on_read(int res) {
+    if (res == -EINTR || res == -EAGAIN) return next();
+    if (res < 0) return finish(sys_error(-res), describe("cannot read", path, -res));
+    if (res == 0)
+      return finish(std::make_error_code(std::errc::io_error), short_read(path, got, bytes.size()));
+    got += static_cast<std::size_t>(res);
+    next();
+  }
+
+  void finish(std::error_code ec, std::string message) {
+    if (fd >= 0) q.close(fd);
+    fd = -1;
+    if (ec) bytes.clear();
+    done(ec, std::move(message), std::move(bytes));
+  }
+};
 
 }  // namespace
 
@@ -25,50 +111,33 @@ std::vector<std::byte> read_whole_file_sync(const std::filesystem::path& path, s
   ec.clear();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    ec = std::error_code(errno, std::system_category());
-    message = describe(path, errno);
+    const int err = errno;
+    ec = sys_error(err);
+    message = describe("cannot open", path, err);
     return {};
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
-    const int err = S_ISDIR(st.st_mode) ? EISDIR : errno;
-    ::close(fd);
-    ec = std::error_code(err, std::system_category());
-    message = describe(path, err);
-    return {};
-  }
-  std::vector<std::byte> out(static_cast<std::size_t>(st.st_size));
+  std::vector<std::byte> out(regular_file_size(fd, path, ec, message));
   std::size_t done = 0;
-  while (done < out.size()) {
+  while (!ec && done < out.size()) {
     const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ec = std::error_code(err, std::system_category());
-      message = describe(path, err);
-      return {};
+      ec = sys_error(errno);
+      message = describe("cannot read", path, errno);
+    } else if (n == 0) {
+      ec = std::make_error_code(std::errc::io_error);
+      message = short_read(path, done, out.size());
+    } else {
+      done += static_cast<std::size_t>(n);
     }
-    if (n == 0) break;  // the file shrank while being read
-    done += static_cast<std::size_t>(n);
   }
   ::close(fd);
-  if (done != out.size()) {
-    ec = std::make_error_code(std::errc::io_error);
-    message = "short read of '" + path.string() + "': " + std::to_string(done) + " of " +
-              std::to_string(out.size()) + " bytes";
-    return {};
-  }
+  if (ec) out.clear();
   return out;
 }
 
 void read_whole_file(const std::filesystem::path& path, file_callback done) {
-  asio::post(host_pool(), [path, done = std::move(done)] {
-    std::error_code ec;
-    std::string message;
-    auto bytes = read_whole_file_sync(path, ec, message);
-    done(ec, std::move(message), std::move(bytes));
-  });
+  std::make_shared<whole_read>(io::default_queue(), path, std::move(done))->start();
 }
 
 }  // namespace cora::detail

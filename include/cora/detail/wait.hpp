@@ -60,6 +60,14 @@ class completion_source : public ref_counted {
   virtual std::string message(std::uint64_t seq) const = 0;
   /// The last handle to op `seq` went away. `observed` tells whether its result was looked at.
   virtual void dropped(std::uint64_t seq, bool observed) noexcept = 0;
+  /// A waiter of op `seq` was cancelled. Returns true when the op can stop early and will:
+  /// it then completes by itself, soon, with asio::error::operation_aborted (or its result,
+  /// if it finished first), so the waiter stays armed and sees a defined end state. Device
+  /// work cannot be stopped: the default returns false and the waiter is withdrawn at once.
+  virtual bool request_cancel(std::uint64_t seq) noexcept {
+    (void)seq;
+    return false;
+  }
 };
 
 /// A host-side operation completed from any thread (binary loads, file reads, multi-waits).

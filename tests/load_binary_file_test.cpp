@@ -1,0 +1,92 @@
+// device::load_binary(path): the file read through the I/O queue, and its errors.
+#include <sys/stat.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
+#include <fstream>
+
+#include "support/device_fixture.hpp"
+#include "support/temp_files.hpp"
+
+namespace cora::test {
+namespace {
+
+class load_binary_file_test : public device_test {
+ protected:
+  /// Loads `path`, expecting failure with `expected`; returns the message.
+  std::string load_error(const std::filesystem::path& path, std::error_code expected) {
+    try {
+      dev().load_binary(path).wait();
+      ADD_FAILURE() << "loading " << path << " succeeded";
+    } catch (const error& e) {
+      // errno values come in the system category; compare them as conditions.
+      EXPECT_TRUE(e.code() == expected || e.code() == expected.default_error_condition())
+          << e.code() << " instead of " << expected << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos)
+          << "the message does not name the path: " << e.what();
+      return e.what();
+    }
+    return {};
+  }
+};
+CORA_DEVICE_SUITE(load_binary_file_test);
+
+TEST_P(load_binary_file_test, LoadsFromAnAsioCoroutine) {
+  asio::io_context io;
+  binary loaded;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        loaded = co_await dev().load_binary(kernel_file("test_kernels.corabin")).async_wait(asio::use_awaitable);
+      },
+      asio::detached);
+  io.run();
+  ASSERT_TRUE(loaded);
+  EXPECT_TRUE(loaded.kernel("add_f32"));
+}
+
+TEST_P(load_binary_file_test, MissingFile) {
+  temp_dir dir;
+  load_error(dir / "missing.corabin", std::make_error_code(std::errc::no_such_file_or_directory));
+}
+
+TEST_P(load_binary_file_test, Directory) {
+  temp_dir dir;
+  load_error(dir.path(), std::make_error_code(std::errc::is_a_directory));
+}
+
+TEST_P(load_binary_file_test, EmptyFile) {
+  temp_dir dir;
+  const auto file = dir / "empty.corabin";
+  write_pattern_file(file, 0);
+  load_error(file, make_error_code(errc::invalid_binary));
+}
+
+TEST_P(load_binary_file_test, NotARegularFile) {
+  load_error("/dev/null", std::make_error_code(std::errc::invalid_argument));
+}
+
+TEST_P(load_binary_file_test, UnreadableFile) {
+  temp_dir dir;
+  with_unreadable_file(dir, [&](const std::filesystem::path& file) {
+    load_error(file, std::make_error_code(std::errc::permission_denied));
+  });
+}
+
+// sysfs attributes claim 4096 bytes and hold fewer: the read ends early, as when a file
+// shrinks between the size check and the read.
+TEST_P(load_binary_file_test, ShortRead) {
+  const std::filesystem::path file = "/sys/devices/system/cpu/online";
+  struct stat st {};
+  std::ifstream in(file);
+  const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (::stat(file.c_str(), &st) != 0 || static_cast<std::size_t>(st.st_size) <= content.size())
+    GTEST_SKIP() << file << " is missing or reports no more than it holds";
+  const std::string what = load_error(file, std::make_error_code(std::errc::io_error));
+  EXPECT_NE(what.find("short read"), std::string::npos) << what;
+}
+
+}  // namespace
+}  // namespace cora::test

@@ -54,7 +54,8 @@ class event_markers final : public marker_source {
 
   CUresult poll(const marker& m) override {
     if (!m.handle) return CUDA_ERROR_INVALID_HANDLE;
-    return ctx_->api.cuEventQuery(static_cast<CUevent>(m.handle));
+    current_context cur(*ctx_);
+    return cur ? ctx_->api.cuEventQuery(static_cast<CUevent>(m.handle)) : cur.result;
   }
 
   void release(const marker& m) noexcept override {

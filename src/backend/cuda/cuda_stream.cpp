@@ -306,8 +306,7 @@ marker_state cuda_stream::query(const marker& m) {
     last_failed_.store(m.seq, std::memory_order_relaxed);
     return marker_state::failed;
   }
-  current_context cur(*ctx_);
-  const CUresult r = cur ? markers_->poll(m) : cur.result;
+  const CUresult r = markers_->poll(m);
   if (r == CUDA_SUCCESS) {
     // A host function before the marker may have failed while it was being polled.
     if (faults_->first.load(std::memory_order_acquire) <= m.seq) {

@@ -57,7 +57,10 @@ TEST(cuda_driver, MissingLibraryIsReportedClearly) {
 TEST(cuda_driver, StubLibraryIsNoDriver) {
   const std::filesystem::path stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
   if (!std::filesystem::exists(stub)) GTEST_SKIP() << "no CUDA toolkit stubs here";
-  // Loaded by path, the stub is a library of its own even beside a real driver.
+  // The process's driver first: once the stub is loaded, dlopen("libcuda.so.1") would find
+  // it by its soname. Loaded by path, the stub is a library of its own beside a real driver.
+  std::string why;
+  cuda::driver(why);
   cuda::driver_api api;
   std::string reason;
   EXPECT_FALSE(cuda::load_driver(stub.c_str(), api, reason));
@@ -394,7 +397,8 @@ TEST_F(cuda_backend_test, BlockingPolicyCompletesWaits) { exercise_runtime(compl
 
 // --- a faulting kernel (in a child process: the fault ruins the process's CUDA context) ------
 
-[[noreturn]] void fault_scenario() {
+[[noreturn]] void fault_scenario(const char* marker_mode) {
+  ::setenv("CORA_CUDA_MARKER", marker_mode, 1);
   int failures = 0;
   auto check = [&](bool ok, const std::string& what) {
     if (!ok) {
@@ -464,7 +468,7 @@ TEST_F(cuda_backend_test, BlockingPolicyCompletesWaits) { exercise_runtime(compl
     auto a = cpu.alloc<std::uint32_t>(4);
     auto ha = cpu.alloc_host<std::uint32_t>(4);
     std::iota(ha.begin(), ha.end(), 1u);
-    cs.copy(a, ha);
+    check(!outcome(cs.copy(a, ha)).first, "a copy to the CPU device");
     std::fill(ha.begin(), ha.end(), 0u);
     check(!outcome(cs.copy(ha, a)).first && ha[3] == 4u, "the CPU device still works");
   }  // the runtime and everything it made go away without hanging
@@ -476,7 +480,13 @@ TEST_F(cuda_backend_test, BlockingPolicyCompletesWaits) { exercise_runtime(compl
 TEST(cuda_fault, OutOfBoundsWriteFailsEveryWaiterAndNothingHangs) {
   if (!shared_runtime(backend::cuda)) GTEST_SKIP() << "no CUDA device here";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(fault_scenario(), ::testing::ExitedWithCode(0), "fault: .*CUDA_ERROR_ILLEGAL_ADDRESS");
+  EXPECT_EXIT(fault_scenario("counter"), ::testing::ExitedWithCode(0), "fault: .*CUDA_ERROR_ILLEGAL_ADDRESS");
+}
+
+TEST(cuda_fault, OutOfBoundsWriteFailsEveryWaiterWithEventMarkers) {
+  if (!shared_runtime(backend::cuda)) GTEST_SKIP() << "no CUDA device here";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(fault_scenario("event"), ::testing::ExitedWithCode(0), "fault: .*CUDA_ERROR_ILLEGAL_ADDRESS");
 }
 
 }  // namespace

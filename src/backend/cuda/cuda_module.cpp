@@ -162,7 +162,6 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
         fail(r, "cannot read the parameters of kernel '" + fn->name + "': ");
         return nullptr;
       }
-      fn->native_offsets.push_back(static_cast<std::uint32_t>(offset));
       fn->sizes.push_back(static_cast<std::uint32_t>(size));
       desc.params.push_back({static_cast<std::uint32_t>(size), guess_alignment(offset, size)});
     }

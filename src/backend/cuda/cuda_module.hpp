@@ -20,8 +20,7 @@ namespace cora::backend::cuda {
 struct cuda_function {
   CUfunction handle = nullptr;
   std::string name;
-  std::vector<std::uint32_t> native_offsets;  // where CUDA puts each parameter
-  std::vector<std::uint32_t> sizes;
+  std::vector<std::uint32_t> sizes;            // of each parameter, as CUDA reports them
   int static_shared = 0;                       // bytes of static shared memory
   std::atomic<std::uint32_t> dynamic_shared_limit{0};  // dynamic shared bytes allowed so far
 };

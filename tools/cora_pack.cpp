@@ -6,6 +6,7 @@
 #include <iostream>
 #include <iterator>
 
+#include "backend/cuda/cuda_image.hpp"
 #include "core/binary_format.hpp"
 #include "io/file_reader.hpp"
 
@@ -54,7 +55,9 @@ int main(int argc, char** argv) {
       std::cerr << "cora-pack: " << path << " is no cubin, fatbin or PTX\n";
       return 1;
     }
-    images.push_back({kind, 0, std::move(bytes)});
+    // A cubin runs on one architecture; the container records it so the loader picks well.
+    const unsigned arch = kind == cora::detail::binary_kind::cuda_cubin ? cora::backend::cuda::cubin_arch(bytes) : 0;
+    images.push_back({kind, arch, std::move(bytes)});
   }
   const auto out = cora::detail::write_corabin(images, kernels);
   std::ofstream f(output, std::ios::binary | std::ios::trunc);

@@ -79,6 +79,11 @@ struct fault {
   std::string message;
 };
 
+/// How the core will mostly wait for a stream's markers: by polling query() (spin and hybrid
+/// policies), or by sleeping in wait_marker() (the callback policy), where a backend may have
+/// its markers signalled by the driver's host callbacks instead of being polled.
+enum class marker_wakeup { poll, host_callback };
+
 /// An opaque completion marker recorded after an op.
 struct marker {
   std::uint64_t seq = 0;
@@ -141,7 +146,8 @@ class device {
   /// Synchronous copy between any memories of this device (used for small host-side reads).
   virtual void copy_sync(void* dst, const void* src, std::size_t bytes, std::error_code& ec) = 0;
 
-  virtual std::unique_ptr<stream> create_stream(int priority, std::error_code& ec) = 0;
+  virtual std::unique_ptr<stream> create_stream(int priority, marker_wakeup wakeup,
+                                                std::error_code& ec) = 0;
   virtual std::unique_ptr<event> create_event(bool timing, std::error_code& ec) = 0;
   /// Time between two completed records, in milliseconds.
   virtual double elapsed_ms(event& start, event& end, std::error_code& ec) = 0;

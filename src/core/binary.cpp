@@ -163,6 +163,19 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
         message = "kernel '" + d.name + "' has " + std::to_string(it->params.size()) +
                   " parameters in the image but " + std::to_string(d.params.size()) + " in its metadata";
         return nullptr;
+      } else {
+        // Some backends know only offsets and sizes (CUDA) and guess alignments; the metadata
+        // has the signature's, which fix the canonical layout. Sizes must agree.
+        for (std::size_t i = 0; i < d.params.size(); ++i) {
+          if (it->params[i].size != d.params[i].size) {
+            ec = make_error_code(errc::invalid_binary);
+            message = "parameter " + std::to_string(i) + " of kernel '" + d.name + "' has " +
+                      std::to_string(it->params[i].size) + " bytes in the image but " +
+                      std::to_string(d.params[i].size) + " in its metadata";
+            return nullptr;
+          }
+          it->params[i].align = d.params[i].align;
+        }
       }
       if (!it->entry_key) it->entry_key = d.entry_key;
     }

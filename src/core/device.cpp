@@ -159,7 +159,10 @@ cora::stream device::make_stream(const stream_options& options) {
   if (s_->shut_down.load(std::memory_order_acquire))
     throw error(errc::runtime_shut_down, "the runtime was shut down");
   std::error_code ec;
-  auto bs = s_->backend->create_stream(options.priority, ec);
+  const auto wakeup = s_->runtime->options.completion == completion_policy::callback
+                          ? backend::marker_wakeup::host_callback
+                          : backend::marker_wakeup::poll;
+  auto bs = s_->backend->create_stream(options.priority, wakeup, ec);
   if (ec) throw error(ec, "cannot create a stream on " + s_->properties.name);
   return cora::stream(detail::intrusive_ptr<detail::completion_source>(
       detail::make_intrusive<detail::stream_state>(s_, std::move(bs))));

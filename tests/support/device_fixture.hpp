@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -14,9 +15,11 @@
 
 namespace cora::test {
 
-/// Where the build put the kernel binaries.
+/// Where the build put the kernel binaries; CORA_TEST_KERNELS_DIR overrides it for a build
+/// folder that was copied to another machine (scripts/gpu-check).
 inline std::filesystem::path kernel_file(const std::string& name) {
-  return std::filesystem::path(CORA_TEST_KERNELS_DIR) / name;
+  const char* dir = std::getenv("CORA_TEST_KERNELS_DIR");
+  return std::filesystem::path(dir && *dir ? dir : CORA_TEST_KERNELS_DIR) / name;
 }
 
 /// The backends a device suite runs against.

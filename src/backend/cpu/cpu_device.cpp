@@ -358,7 +358,7 @@ void cpu_device::copy_sync(void* dst, const void* src, std::size_t bytes, std::e
   ec.clear();
 }
 
-std::unique_ptr<stream> cpu_device::create_stream(int, std::error_code& ec) {
+std::unique_ptr<stream> cpu_device::create_stream(int, marker_wakeup, std::error_code& ec) {
   ec.clear();
   return std::make_unique<cpu_stream>(*this);
 }

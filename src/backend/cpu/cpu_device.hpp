@@ -141,7 +141,8 @@ class cpu_device final : public device {
   void free_host(void* p) noexcept override;
   bool owns_address(const void* p) const noexcept override { return memory_.contains(p); }
   void copy_sync(void* dst, const void* src, std::size_t bytes, std::error_code& ec) override;
-  std::unique_ptr<stream> create_stream(int priority, std::error_code& ec) override;
+  std::unique_ptr<stream> create_stream(int priority, marker_wakeup wakeup,
+                                        std::error_code& ec) override;
   std::unique_ptr<event> create_event(bool timing, std::error_code& ec) override;
   double elapsed_ms(event& start, event& end, std::error_code& ec) override;
   bool event_done(event& ev, std::error_code& ec) override;

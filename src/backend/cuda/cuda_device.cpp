@@ -1,0 +1,286 @@
+#include "backend/cuda/cuda_device.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "backend/cuda/cuda_module.hpp"
+#include "backend/cuda/cuda_stream.hpp"
+
+namespace cora::backend::cuda {
+
+namespace {
+
+std::string version_string(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+// The kernel module's version ("580.95.05"), which the driver API does not report.
+std::string kernel_module_version() {
+  std::ifstream f("/proc/driver/nvidia/version");
+  std::string line;
+  if (!f || !std::getline(f, line)) return {};
+  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Release Build ..."
+  std::size_t i = 0;
+  while (i < line.size()) {
+    const std::size_t start = line.find_first_of("0123456789", i);
+    if (start == std::string::npos) break;
+    std::size_t end = line.find_first_not_of("0123456789.", start);
+    if (end == std::string::npos) end = line.size();
+    const std::string token = line.substr(start, end - start);
+    if (token.find('.') != std::string::npos && (start == 0 || line[start - 1] == ' ')) return token;
+    i = end;
+  }
+  return {};
+}
+
+std::string uuid_string(const CUuuid& u) {
+  char out[64];
+  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  std::snprintf(out, sizeof(out),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return out;
+}
+
+int attribute(const driver_api& api, CUdevice dev, CUdevice_attribute a) {
+  int v = 0;
+  if (api.cuDeviceGetAttribute(&v, a, dev) != CUDA_SUCCESS) return 0;
+  return v;
+}
+
+std::uint32_t to_u32(int v) { return v > 0 ? static_cast<std::uint32_t>(v) : 0u; }
+
+}  // namespace
+
+cuda_event::~cuda_event() {
+  current_context cur(*ctx);
+  ctx->api.cuEventDestroy(handle);
+}
+
+cuda_device::cuda_device(std::shared_ptr<context> ctx, device_info info, launch_limits limits,
+                         marker_mode mode)
+    : ctx_(std::move(ctx)), info_(std::move(info)), limits_(limits), mode_(mode) {
+  label_ = "CUDA device " + std::to_string(info_.ordinal) + " (" + info_.name + ")";
+}
+
+cuda_device::~cuda_device() = default;
+
+std::error_code cuda_device::fail(CUresult r) noexcept {
+  if (ctx_->note(r)) return make_error_code(errc::device_lost);
+  return to_error_code(r);
+}
+
+void* cuda_device::alloc(std::size_t bytes, std::error_code& ec) {
+  current_context cur(*ctx_);
+  CUdeviceptr p = 0;
+  const CUresult r = cur ? ctx_->api.cuMemAlloc(&p, bytes) : cur.result;
+  if (r != CUDA_SUCCESS) {
+    ec = fail(r);
+    return nullptr;
+  }
+  ec.clear();
+  return reinterpret_cast<void*>(p);
+}
+
+void cuda_device::free(void* p) noexcept {
+  if (!p) return;
+  current_context cur(*ctx_);
+  ctx_->api.cuMemFree(reinterpret_cast<CUdeviceptr>(p));
+}
+
+void* cuda_device::alloc_host(std::size_t bytes, std::error_code& ec) {
+  current_context cur(*ctx_);
+  void* p = nullptr;
+  // Portable: pinned for every context; device-mapped: kernels may read it directly.
+  const CUresult r = cur ? ctx_->api.cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)
+                         : cur.result;
+  if (r != CUDA_SUCCESS) {
+    ec = fail(r);
+    return nullptr;
+  }
+  ec.clear();
+  return p;
+}
+
+void cuda_device::free_host(void* p) noexcept {
+  if (!p) return;
+  current_context cur(*ctx_);
+  ctx_->api.cuMemFreeHost(p);
+}
+
+void cuda_device::copy_sync(void* dst, const void* src, std::size_t bytes, std::error_code& ec) {
+  current_context cur(*ctx_);
+  const CUresult r = cur ? ctx_->api.cuMemcpy(reinterpret_cast<CUdeviceptr>(dst),
+                                              reinterpret_cast<CUdeviceptr>(src), bytes)
+                         : cur.result;
+  ec = r == CUDA_SUCCESS ? std::error_code() : fail(r);
+}
+
+std::unique_ptr<stream> cuda_device::create_stream(int priority, marker_wakeup wakeup,
+                                                   std::error_code& ec) {
+  if (ctx_->lost()) {
+    ec = make_error_code(errc::device_lost);
+    return nullptr;
+  }
+  current_context cur(*ctx_);
+  CUstream s = nullptr;
+  CUresult r = cur ? ctx_->api.cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, priority) : cur.result;
+  if (r != CUDA_SUCCESS) {
+    ec = fail(r);
+    return nullptr;
+  }
+  const marker_mode mode = wakeup == marker_wakeup::host_callback ? marker_mode::callback : mode_;
+  auto markers = make_marker_source(mode, ctx_, s, r);
+  if (!markers) {
+    ctx_->api.cuStreamDestroy(s);
+    ec = fail(r);
+    return nullptr;
+  }
+  ec.clear();
+  return std::make_unique<cuda_stream>(*this, s, std::move(markers));
+}
+
+std::unique_ptr<event> cuda_device::create_event(bool timing, std::error_code& ec) {
+  current_context cur(*ctx_);
+  CUevent e = nullptr;
+  const CUresult r = cur ? ctx_->api.cuEventCreate(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING)
+                         : cur.result;
+  if (r != CUDA_SUCCESS) {
+    ec = fail(r);
+    return nullptr;
+  }
+  ec.clear();
+  return std::make_unique<cuda_event>(ctx_, e, timing);
+}
+
+double cuda_device::elapsed_ms(event& start, event& end, std::error_code& ec) {
+  auto& a = static_cast<cuda_event&>(start);
+  auto& b = static_cast<cuda_event&>(end);
+  if (!a.timing || !b.timing) {
+    ec = make_error_code(errc::invalid_argument);
+    return 0;
+  }
+  current_context cur(*ctx_);
+  float ms = 0;
+  const CUresult r = cur ? ctx_->api.event_elapsed_time(&ms, a.handle, b.handle) : cur.result;
+  if (r == CUDA_ERROR_NOT_READY) {
+    ec = make_error_code(errc::not_ready);
+    return 0;
+  }
+  if (r != CUDA_SUCCESS) {
+    ec = fail(r);
+    return 0;
+  }
+  ec.clear();
+  return ms;
+}
+
+bool cuda_device::event_done(event& ev, std::error_code& ec) {
+  auto& e = static_cast<cuda_event&>(ev);
+  current_context cur(*ctx_);
+  const CUresult r = cur ? ctx_->api.cuEventQuery(e.handle) : cur.result;
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) {
+    ec.clear();
+    return r == CUDA_SUCCESS;
+  }
+  ec = fail(r);
+  return false;
+}
+
+std::unique_ptr<module> cuda_device::load(std::span<const std::byte> image, image_kind kind,
+                                          std::error_code& ec, std::string& message) {
+  return cuda_module::load(ctx_, image, kind, label_, info_.compute_major, info_.compute_minor, ec,
+                           message);
+}
+
+}  // namespace cora::backend::cuda
+
+namespace cora::backend {
+
+std::vector<std::unique_ptr<device>> make_cuda_devices(std::string& reason) {
+  using namespace cuda;
+  const driver_api* api = driver(reason);
+  if (!api) return {};
+  CUresult r = api->cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    reason = "cuInit failed: " + describe(r);
+    return {};
+  }
+  int count = 0;
+  r = api->cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS || count <= 0) {
+    reason = r != CUDA_SUCCESS ? "cuDeviceGetCount failed: " + describe(r)
+                               : "the NVIDIA driver reports no CUDA device";
+    return {};
+  }
+
+  // Markers: counter (default, the faster on the H200) or event, from CORA_CUDA_MARKER; the
+  // callback policy asks for callback markers per stream.
+  marker_mode mode = marker_mode::counter;
+  std::string notes;
+  if (const char* v = std::getenv("CORA_CUDA_MARKER"); v && *v) {
+    if (std::strcmp(v, "event") == 0)
+      mode = marker_mode::event;
+    else if (std::strcmp(v, "counter") == 0)
+      mode = marker_mode::counter;
+    else
+      notes = "; CORA_CUDA_MARKER=" + std::string(v) + " is not valid (counter or event), ignored";
+  }
+
+  std::vector<std::unique_ptr<device>> out;
+  std::string failures;
+  const std::string module = kernel_module_version();
+  for (int i = 0; i < count; ++i) {
+    std::string message;
+    auto ctx = context::retain(*api, i, message);
+    if (!ctx) {
+      failures += "; " + message;
+      continue;
+    }
+    const CUdevice dev = ctx->device;
+    device_info info;
+    char name[256] = {};
+    if (api->cuDeviceGetName(name, sizeof(name) - 1, dev) == CUDA_SUCCESS) info.name = name;
+    if (info.name.empty()) info.name = "CUDA device " + std::to_string(i);
+    info.backend = "cuda";
+    info.ordinal = static_cast<unsigned>(i);
+    info.compute_units = to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
+    std::size_t total = 0;
+    if (api->cuDeviceTotalMem(&total, dev) == CUDA_SUCCESS) info.total_memory = total;
+    info.max_grid = dim3(to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)),
+                         to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)),
+                         to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)));
+    info.max_block = dim3(to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)),
+                          to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)),
+                          to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)));
+    info.max_threads_per_block = to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK));
+    info.max_shared_bytes = to_u32(attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN));
+    info.compute_major = attribute(*api, dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    info.compute_minor = attribute(*api, dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    info.driver = "CUDA " + version_string(api->version) +
+                  (module.empty() ? std::string() : ", kernel module " + module);
+    char bus[64] = {};
+    if (api->cuDeviceGetPCIBusId(bus, sizeof(bus) - 1, dev) == CUDA_SUCCESS) info.pci_bus_id = bus;
+    CUuuid uuid{};
+    if (api->cuDeviceGetUuid(&uuid, dev) == CUDA_SUCCESS) info.uuid = uuid_string(uuid);
+
+    launch_limits limits;
+    limits.max_shared_optin = info.max_shared_bytes;
+    limits.cooperative = attribute(*api, dev, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH) != 0;
+    limits.clusters = attribute(*api, dev, CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH) != 0;
+    out.push_back(std::make_unique<cuda_device>(std::move(ctx), std::move(info), limits, mode));
+  }
+  if (out.empty()) {
+    reason = "no CUDA device is usable" + failures;
+    return {};
+  }
+  reason = "CUDA " + version_string(api->version) +
+           (module.empty() ? std::string() : ", kernel module " + module) +
+           ", markers: " + to_string(mode) + notes + failures;
+  return out;
+}
+
+}  // namespace cora::backend

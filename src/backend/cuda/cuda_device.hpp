@@ -1,0 +1,78 @@
+// A CUDA device: its primary context, memory, streams, events and modules.
+//
+// Stream priorities use CUDA's convention (numerically lower is more urgent; 0 is the default)
+// and are clamped by the driver to the device's range. owns_address() answers false: CUDA
+// cannot tell freed device memory from host memory cheaply, so the core sees freed device
+// pointers as host memory and the driver rejects the copy.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "backend/backend.hpp"
+#include "backend/cuda/cuda_context.hpp"
+#include "backend/cuda/cuda_markers.hpp"
+
+namespace cora::backend::cuda {
+
+struct cuda_event final : event {
+  cuda_event(std::shared_ptr<context> c, CUevent e, bool t) noexcept
+      : ctx(std::move(c)), handle(e), timing(t) {}
+  ~cuda_event() override;
+  std::shared_ptr<context> ctx;
+  CUevent handle;
+  bool timing;
+};
+
+/// Launch limits of a device that streams check.
+struct launch_limits {
+  std::uint32_t max_shared_optin = 0;  // dynamic + static shared bytes a block may opt into
+  bool cooperative = false;
+  bool clusters = false;
+};
+
+class cuda_device final : public device {
+ public:
+  cuda_device(std::shared_ptr<context> ctx, device_info info, launch_limits limits, marker_mode mode);
+  ~cuda_device() override;
+
+  const device_info& info() const override { return info_; }
+  void* alloc(std::size_t bytes, std::error_code& ec) override;
+  void free(void* p) noexcept override;
+  void* alloc_host(std::size_t bytes, std::error_code& ec) override;
+  void free_host(void* p) noexcept override;
+  bool owns_address(const void*) const noexcept override { return false; }
+  void copy_sync(void* dst, const void* src, std::size_t bytes, std::error_code& ec) override;
+  std::unique_ptr<stream> create_stream(int priority, marker_wakeup wakeup,
+                                        std::error_code& ec) override;
+  std::unique_ptr<event> create_event(bool timing, std::error_code& ec) override;
+  double elapsed_ms(event& start, event& end, std::error_code& ec) override;
+  bool event_done(event& ev, std::error_code& ec) override;
+  bool accepts(image_kind kind) const override { return kind != image_kind::cpu_elf; }
+  std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
+                               std::error_code& ec, std::string& message) override;
+  std::uint64_t markers_recorded() const override {
+    return markers_.load(std::memory_order_relaxed);
+  }
+  void shutdown() noexcept override {}
+
+  // Used by streams.
+  const std::shared_ptr<context>& ctx() const noexcept { return ctx_; }
+  const launch_limits& limits() const noexcept { return limits_; }
+  /// "CUDA device 0 (NVIDIA H200)", for messages.
+  const std::string& label() const noexcept { return label_; }
+  void count_marker() noexcept { markers_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  std::error_code fail(CUresult r) noexcept;
+
+  std::shared_ptr<context> ctx_;
+  device_info info_;
+  launch_limits limits_;
+  marker_mode mode_;
+  std::string label_;
+  std::atomic<std::uint64_t> markers_{0};
+};
+
+}  // namespace cora::backend::cuda

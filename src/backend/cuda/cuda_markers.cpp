@@ -1,0 +1,224 @@
+#include "backend/cuda/cuda_markers.hpp"
+
+#include <mutex>
+#include <thread>
+
+namespace cora::backend::cuda {
+
+namespace {
+
+// How often a pending counter or callback marker also asks the stream for a fault.
+constexpr auto health_interval = std::chrono::milliseconds(1);
+
+// Asks the stream about faults now and then: CUDA_ERROR_NOT_READY while it is busy,
+// CUDA_SUCCESS once it is idle (every write and callback has happened), else its error.
+class health_check {
+ public:
+  CUresult due(const context& ctx, CUstream stream) noexcept {
+    const auto now = clock::now().time_since_epoch().count();
+    auto last = last_.load(std::memory_order_relaxed);
+    if (now - last < std::chrono::duration_cast<clock::duration>(health_interval).count())
+      return CUDA_ERROR_NOT_READY;
+    if (!last_.compare_exchange_strong(last, now, std::memory_order_relaxed)) return CUDA_ERROR_NOT_READY;
+    current_context cur(ctx);
+    return ctx.api.cuStreamQuery(stream);
+  }
+
+ private:
+  std::atomic<clock::rep> last_{clock::now().time_since_epoch().count()};
+};
+
+// --- event markers ---------------------------------------------------------------------------
+
+class event_markers final : public marker_source {
+ public:
+  event_markers(std::shared_ptr<context> ctx, CUstream stream) : ctx_(std::move(ctx)), stream_(stream) {}
+  ~event_markers() override {
+    current_context cur(*ctx_);
+    for (CUevent e : all_) ctx_->api.cuEventDestroy(e);
+  }
+
+  CUresult record(std::uint64_t, marker& out) override {
+    CUevent e = nullptr;
+    if (!free_.empty()) {
+      e = free_.back();
+      free_.pop_back();
+    } else {
+      const CUresult r = ctx_->api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+      if (r != CUDA_SUCCESS) return r;
+      all_.push_back(e);
+    }
+    out.handle = e;
+    return ctx_->api.cuEventRecord(e, stream_);
+  }
+
+  CUresult poll(const marker& m) override {
+    if (!m.handle) return CUDA_ERROR_INVALID_HANDLE;
+    current_context cur(*ctx_);
+    return cur ? ctx_->api.cuEventQuery(static_cast<CUevent>(m.handle)) : cur.result;
+  }
+
+  void release(const marker& m) noexcept override {
+    if (m.handle) free_.push_back(static_cast<CUevent>(m.handle));
+  }
+
+  void retire(bool) noexcept override {}
+
+ private:
+  std::shared_ptr<context> ctx_;
+  CUstream stream_;
+  std::vector<CUevent> free_;
+  std::vector<CUevent> all_;  // destroyed with the source: a sleeper may still query a released one
+};
+
+// --- counter markers -------------------------------------------------------------------------
+
+class counter_markers final : public marker_source {
+ public:
+  counter_markers(std::shared_ptr<context> ctx, CUstream stream) : ctx_(std::move(ctx)), stream_(stream) {}
+
+  CUresult init() {
+    void* p = nullptr;
+    CUresult r = ctx_->api.cuMemHostAlloc(&p, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (r != CUDA_SUCCESS) return r;
+    slot_ = static_cast<std::uint32_t*>(p);
+    *slot_ = 0;
+    return ctx_->api.cuMemHostGetDevicePointer(&device_slot_, p, 0);
+  }
+
+  ~counter_markers() override {
+    if (slot_ && free_slot_) ctx_->api.cuMemFreeHost(slot_);
+  }
+
+  CUresult record(std::uint64_t seq, marker& out) override {
+    out.handle = nullptr;
+    // The default flags order the write after every earlier op of the stream, with a
+    // system-wide memory fence, so data those ops wrote is visible once the value is.
+    return ctx_->api.cuStreamWriteValue32(stream_, device_slot_, static_cast<cuuint32_t>(seq),
+                                          CU_STREAM_WRITE_VALUE_DEFAULT);
+  }
+
+  CUresult poll(const marker& m) override {
+    if (reached(m.seq)) return CUDA_SUCCESS;
+    return health_.due(*ctx_, stream_);  // success means idle: the write has happened
+  }
+
+  void release(const marker&) noexcept override {}
+
+  void retire(bool device_done) noexcept override { free_slot_ = device_done; }
+
+ private:
+  bool reached(std::uint64_t seq) const noexcept {
+    // 32-bit sequence numbers, compared modulo 2^32: fine while fewer than 2^31 ops are pending.
+    const std::uint32_t v = __atomic_load_n(slot_, __ATOMIC_ACQUIRE);
+    return static_cast<std::int32_t>(v - static_cast<std::uint32_t>(seq)) >= 0;
+  }
+
+  std::shared_ptr<context> ctx_;
+  CUstream stream_;
+  std::uint32_t* slot_ = nullptr;
+  CUdeviceptr device_slot_ = 0;
+  bool free_slot_ = true;
+  health_check health_;
+};
+
+// --- callback markers ------------------------------------------------------------------------
+
+// What the driver's callback thread touches; outlives the source if callbacks may still come.
+struct callback_cell {
+  std::atomic<std::uint64_t> done{0};
+  std::shared_ptr<context> ctx;
+};
+
+void CUDA_CB on_callback(void* data) {
+  auto* cell = static_cast<callback_cell*>(data);
+  cell->done.fetch_add(1, std::memory_order_acq_rel);
+  {
+    std::lock_guard lock(cell->ctx->signal_mutex);
+    ++cell->ctx->signal_generation;
+  }
+  cell->ctx->signal_cv.notify_all();
+}
+
+class callback_markers final : public marker_source {
+ public:
+  callback_markers(std::shared_ptr<context> ctx, CUstream stream)
+      : ctx_(std::move(ctx)), stream_(stream), cell_(new callback_cell) {
+    cell_->ctx = ctx_;
+  }
+  ~callback_markers() override {
+    if (free_cell_) delete cell_;
+  }
+
+  CUresult record(std::uint64_t, marker& out) override {
+    // The handle is the marker's rank among this stream's callbacks, which run in order.
+    const CUresult r = ctx_->api.cuLaunchHostFunc(stream_, &on_callback, cell_);
+    if (r == CUDA_SUCCESS) ++issued_;
+    out.handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(issued_));
+    return r;
+  }
+
+  CUresult poll(const marker& m) override {
+    if (reached(m)) return CUDA_SUCCESS;
+    return health_.due(*ctx_, stream_);  // success means idle: the callback has run
+  }
+
+  bool wakes_sleepers() const noexcept override { return true; }
+
+  void block(const marker& m, clock::time_point until) override {
+    std::unique_lock lock(ctx_->signal_mutex);
+    const std::uint64_t generation = ctx_->signal_generation;
+    if (reached(m)) return;
+    // Any callback of the device ends the sleep, so that a sleeper serves all its streams.
+    ctx_->signal_cv.wait_until(lock, until, [&] { return ctx_->signal_generation != generation; });
+  }
+
+  void release(const marker&) noexcept override {}
+
+  void retire(bool device_done) noexcept override { free_cell_ = device_done; }
+
+ private:
+  bool reached(const marker& m) const noexcept {
+    return cell_->done.load(std::memory_order_acquire) >= reinterpret_cast<std::uintptr_t>(m.handle);
+  }
+
+  std::shared_ptr<context> ctx_;
+  CUstream stream_;
+  callback_cell* cell_;
+  std::uint64_t issued_ = 0;
+  bool free_cell_ = true;
+  health_check health_;
+};
+
+}  // namespace
+
+const char* to_string(marker_mode mode) noexcept {
+  switch (mode) {
+    case marker_mode::event: return "event";
+    case marker_mode::counter: return "counter";
+    case marker_mode::callback: return "callback";
+  }
+  return "?";
+}
+
+void marker_source::block(const marker&, clock::time_point until) {
+  std::this_thread::sleep_until(until);
+}
+
+std::unique_ptr<marker_source> make_marker_source(marker_mode mode, std::shared_ptr<context> ctx,
+                                                  CUstream stream, CUresult& r) {
+  r = CUDA_SUCCESS;
+  switch (mode) {
+    case marker_mode::event: return std::make_unique<event_markers>(std::move(ctx), stream);
+    case marker_mode::counter: {
+      auto m = std::make_unique<counter_markers>(std::move(ctx), stream);
+      r = m->init();
+      if (r != CUDA_SUCCESS) return nullptr;
+      return m;
+    }
+    case marker_mode::callback: return std::make_unique<callback_markers>(std::move(ctx), stream);
+  }
+  return nullptr;
+}
+
+}  // namespace cora::backend::cuda

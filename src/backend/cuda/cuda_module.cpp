@@ -1,0 +1,198 @@
+#include "backend/cuda/cuda_module.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_image.hpp"
+
+namespace cora::backend::cuda {
+
+namespace {
+
+constexpr std::size_t jit_log_bytes = 16 * 1024;
+constexpr std::size_t max_params = 4096;
+
+const char* kind_name(image_kind kind) {
+  switch (kind) {
+    case image_kind::cuda_cubin: return "cubin";
+    case image_kind::cuda_fatbin: return "fatbin";
+    case image_kind::cuda_ptx: return "PTX";
+    case image_kind::cpu_elf: break;
+  }
+  return "CPU";
+}
+
+std::string arch_name(unsigned arch) {
+  return "sm_" + std::to_string(arch);
+}
+
+}  // namespace
+
+std::uint32_t guess_alignment(std::size_t offset, std::size_t size) noexcept {
+  std::size_t a = size ? (size & (~size + 1)) : 1;  // lowest set bit
+  if (offset) a = std::min(a, offset & (~offset + 1));
+  return static_cast<std::uint32_t>(std::clamp<std::size_t>(a, 1, 16));
+}
+
+std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
+                                               std::span<const std::byte> image, image_kind kind,
+                                               const std::string& device_label, int cc_major,
+                                               int cc_minor, std::error_code& ec,
+                                               std::string& message) {
+  const driver_api& api = ctx->api;
+  const std::string what = std::string("cannot load the ") + kind_name(kind) + " image on " + device_label;
+  if (kind == image_kind::cpu_elf || image.empty()) {
+    ec = make_error_code(errc::invalid_binary);
+    message = what + ": CUDA devices run cubin, fatbin and PTX images";
+    return nullptr;
+  }
+  std::string why;
+  if (!image_in_bounds(image, kind, why)) {
+    ec = make_error_code(errc::invalid_binary);
+    message = what + ": " + why;
+    return nullptr;
+  }
+  if (ctx->lost()) {
+    ec = make_error_code(errc::device_lost);
+    message = what + ": the device is unusable after an earlier fault (" + ctx->lost_message() + ")";
+    return nullptr;
+  }
+  if (!api.cuModuleGetFunctionCount || !api.cuModuleEnumerateFunctions || !api.cuFuncGetName ||
+      !api.cuFuncGetParamInfo) {
+    ec = make_error_code(errc::not_supported);
+    message = what + ": listing its kernels needs a CUDA 12.4 driver or newer (this one is CUDA " +
+              std::to_string(api.version / 1000) + "." + std::to_string(api.version % 1000 / 10) + ")";
+    return nullptr;
+  }
+
+  // PTX is text the driver reads up to a NUL; binary images are read through their headers,
+  // from an 8-byte aligned copy if need be.
+  std::string text;
+  std::vector<std::uint64_t> aligned;
+  const void* data = image.data();
+  if (kind == image_kind::cuda_ptx) {
+    text.assign(reinterpret_cast<const char*>(image.data()), image.size());
+    data = text.c_str();
+  } else if (reinterpret_cast<std::uintptr_t>(data) % 8 != 0) {
+    aligned.resize((image.size() + 7) / 8);
+    std::memcpy(aligned.data(), image.data(), image.size());
+    data = aligned.data();
+  }
+
+  std::vector<char> log(jit_log_bytes, '\0');
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {log.data(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(log.size()))};
+
+  std::unique_ptr<cuda_module> m(new cuda_module(ctx));
+  auto fail = [&](CUresult r, const std::string& step) {
+    if (ctx->note(r)) {
+      ec = make_error_code(errc::device_lost);
+    } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      ec = make_error_code(errc::out_of_memory);
+    } else if (r == CUDA_ERROR_NOT_SUPPORTED) {
+      ec = make_error_code(errc::not_supported);
+    } else {
+      // Whatever else makes the driver refuse the bytes, they are no image for this device.
+      ec = make_error_code(errc::invalid_binary);
+    }
+    message = what + ": " + step + describe(r);
+    const bool about_image = ec == make_error_code(errc::invalid_binary);
+    if (about_image && kind == image_kind::cuda_cubin) {
+      if (const unsigned arch = cubin_arch(image))
+        message += " (the cubin holds code for " + arch_name(arch) + "; the device needs " +
+                   arch_name(static_cast<unsigned>(cc_major * 10 + cc_minor)) + " code or PTX)";
+    } else if (about_image && kind == image_kind::cuda_fatbin && r == CUDA_ERROR_NO_BINARY_FOR_GPU) {
+      message += " (the fatbin has neither " +
+                 arch_name(static_cast<unsigned>(cc_major * 10 + cc_minor)) +
+                 " code nor PTX the driver can compile)";
+    }
+    log.back() = '\0';
+    if (log[0] != '\0') message += "\nJIT log:\n" + std::string(log.data());
+    m.reset();
+  };
+
+  current_context cur(*ctx);
+  if (!cur) {
+    fail(cur.result, "cannot make its context current: ");
+    return nullptr;
+  }
+  CUresult r = api.cuModuleLoadDataEx(&m->module_, data, 2, options, values);
+  if (r != CUDA_SUCCESS) {
+    m->module_ = nullptr;
+    fail(r, "");
+    return nullptr;
+  }
+
+  unsigned count = 0;
+  r = api.cuModuleGetFunctionCount(&count, m->module_);
+  std::vector<CUfunction> handles(count);
+  if (r == CUDA_SUCCESS && count) r = api.cuModuleEnumerateFunctions(handles.data(), count, m->module_);
+  if (r != CUDA_SUCCESS) {
+    fail(r, "cannot list its kernels: ");
+    return nullptr;
+  }
+  for (CUfunction f : handles) {
+    auto fn = std::make_unique<cuda_function>();
+    fn->handle = f;
+    // Under lazy loading (the driver's default) a kernel's code is loaded on first use; load
+    // it now so that code the device cannot run is refused here, not at the first launch.
+    if (api.cuFuncIsLoaded && api.cuFuncLoad) {
+      CUfunctionLoadingState state = CU_FUNCTION_LOADING_STATE_LOADED;
+      r = api.cuFuncIsLoaded(&state, f);
+      if (r == CUDA_SUCCESS && state != CU_FUNCTION_LOADING_STATE_LOADED) r = api.cuFuncLoad(f);
+      if (r != CUDA_SUCCESS) {
+        fail(r, "cannot load its code: ");
+        return nullptr;
+      }
+    }
+    const char* name = nullptr;
+    r = api.cuFuncGetName(&name, f);
+    if (r != CUDA_SUCCESS || !name) {
+      fail(r, "cannot read a kernel's name: ");
+      return nullptr;
+    }
+    fn->name = name;
+    kernel_desc desc;
+    desc.name = fn->name;
+    for (std::size_t i = 0; i < max_params; ++i) {
+      std::size_t offset = 0, size = 0;
+      r = api.cuFuncGetParamInfo(f, i, &offset, &size);
+      if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
+      if (r != CUDA_SUCCESS) {
+        fail(r, "cannot read the parameters of kernel '" + fn->name + "': ");
+        return nullptr;
+      }
+      fn->sizes.push_back(static_cast<std::uint32_t>(size));
+      desc.params.push_back({static_cast<std::uint32_t>(size), guess_alignment(offset, size)});
+    }
+    int value = 0;
+    if (api.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) == CUDA_SUCCESS)
+      fn->static_shared = value;
+    value = 0;
+    if (api.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f) == CUDA_SUCCESS)
+      fn->dynamic_shared_limit.store(static_cast<std::uint32_t>(std::max(value, 0)), std::memory_order_relaxed);
+    m->kernels_.push_back(std::move(desc));
+    m->functions_.push_back(std::move(fn));
+  }
+  ec.clear();
+  return m;
+}
+
+cuda_module::~cuda_module() {
+  if (!module_) return;
+  // Fails harmlessly when the context was lost or the driver is shutting down.
+  current_context cur(*ctx_);
+  ctx_->api.cuModuleUnload(module_);
+}
+
+void* cuda_module::function(std::size_t index, std::error_code& ec, std::string& message) {
+  if (index >= functions_.size()) {
+    ec = make_error_code(errc::kernel_not_found);
+    message = "no kernel " + std::to_string(index) + " in the CUDA image";
+    return nullptr;
+  }
+  ec.clear();
+  return functions_[index].get();
+}
+
+}  // namespace cora::backend::cuda

@@ -75,7 +75,8 @@ struct load_options {
     static const load_options o = [] {
       load_options l;
       std::stringstream list(env("CORA_SERVER_LOAD_CONNECTIONS", "64,1024"));
-      for (std::string item; std::getline(list, item, ',');) l.connections.push_back(std::stoul(item));
+      for (std::string item; std::getline(list, item, ',');)
+        l.connections.push_back(std::stoul(item));
       l.seconds = std::stod(env("CORA_SERVER_LOAD_SECONDS", "3"));
       l.rate = std::stod(env("CORA_SERVER_LOAD_RATE", "0"));
       l.op = env("CORA_SERVER_LOAD_OP", "add") == "saxpy" ? proto::op::saxpy : proto::op::add;
@@ -143,9 +144,10 @@ asio::awaitable<void> client_loop(tcp::endpoint ep, const load_options& o, std::
   std::vector<std::byte> reply(proto::reply_header_size + 4 * o.elements);
   asio::steady_timer pacing(ex);
   // Each connection sends rate / connections requests per second.
-  const auto interval = o.rate > 0 ? std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(
-                                         static_cast<double>(o.connections.front()) / o.rate))
-                                   : clk::duration::zero();
+  const auto interval =
+      o.rate > 0 ? std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(
+                       static_cast<double>(o.connections.front()) / o.rate))
+                 : clk::duration::zero();
   // Spread the connections' schedules evenly over one interval: no bursts.
   const auto connections = static_cast<long>(o.connections.front());
   auto next = start + interval * static_cast<long>(index) / connections;
@@ -167,12 +169,14 @@ asio::awaitable<void> client_loop(tcp::endpoint ep, const load_options& o, std::
       ++st.errors;
       co_return;
     }
-    auto [rec, rn] = co_await asio::async_read(sock, asio::buffer(reply.data(), proto::reply_header_size), tuple);
+    auto [rec, rn] = co_await asio::async_read(
+        sock, asio::buffer(reply.data(), proto::reply_header_size), tuple);
     if (rec) {
       ++st.errors;
       co_return;
     }
-    const auto h = proto::decode_reply(std::span<const std::byte, proto::reply_header_size>(reply.data(), proto::reply_header_size));
+    const auto h = proto::decode_reply(std::span<const std::byte, proto::reply_header_size>(
+        reply.data(), proto::reply_header_size));
     if (h.length > reply.size() - proto::reply_header_size) {
       ++st.errors;
       co_return;
@@ -204,8 +208,10 @@ load_result run_load(const tcp::endpoint& ep, const load_options& base, std::siz
   asio::io_context io;
   std::vector<connection_stats> stats(connections);
   const auto start = clk::now();
-  const auto measure_from = start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(o.warmup));
-  const auto end = measure_from + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(o.seconds));
+  const auto measure_from =
+      start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(o.warmup));
+  const auto end = measure_from + std::chrono::duration_cast<clk::duration>(
+                                      std::chrono::duration<double>(o.seconds));
   for (std::size_t i = 0; i < connections; ++i)
     asio::co_spawn(io, client_loop(ep, o, i, start, measure_from, end, stats[i]), asio::detached);
   std::vector<std::thread> threads;
@@ -226,7 +232,8 @@ void report(benchmark::State& state, load_result& r) {
   auto& lat = r.latencies_us;
   std::sort(lat.begin(), lat.end());
   auto at = [&](double q) {
-    return lat.empty() ? 0.0 : lat[static_cast<std::size_t>(q * static_cast<double>(lat.size() - 1))];
+    return lat.empty() ? 0.0
+                       : lat[static_cast<std::size_t>(q * static_cast<double>(lat.size() - 1))];
   };
   state.counters["req_per_s"] = static_cast<double>(r.requests) / r.seconds;
   state.counters["p50_us"] = at(0.50);
@@ -290,7 +297,8 @@ class baseline_server {
       s.set_option(tcp::no_delay(true), ec);
       std::lock_guard lock(conns_mutex_);
       fds_.push_back(s.native_handle());
-      threads_.emplace_back([this, sock = std::make_shared<tcp::socket>(std::move(s))] { serve(*sock); });
+      threads_.emplace_back(
+          [this, sock = std::make_shared<tcp::socket>(std::move(s))] { serve(*sock); });
     }
   }
 
@@ -356,9 +364,11 @@ class baseline_server {
     cora::launch_config cfg;
     if (dev_.backend() == cora::backend_kind::cuda) {
       cfg.block = 256;
-      cfg.grid = static_cast<std::uint32_t>(std::min<std::size_t>((n + 255) / 256, 8u * dev_.properties().compute_units));
+      cfg.grid = static_cast<std::uint32_t>(
+          std::min<std::size_t>((n + 255) / 256, 8u * dev_.properties().compute_units));
     } else {
-      cfg.grid = static_cast<std::uint32_t>(std::clamp<std::size_t>(n / 16384, 1, dev_.properties().compute_units));
+      cfg.grid = static_cast<std::uint32_t>(
+          std::clamp<std::size_t>(n / 16384, 1, dev_.properties().compute_units));
     }
     if (h.op == static_cast<std::uint8_t>(proto::op::add)) {
       s->stream.launch(k_add_, cfg, x, y, s->out.data(), std::uint64_t{n});
@@ -432,7 +442,8 @@ void cora_server(benchmark::State& state, std::size_t connections, bool batching
   report(state, r);
   const auto st = srv.stats();
   if (batching && st.batches)
-    state.counters["req_per_launch"] = static_cast<double>(st.batched_requests) / static_cast<double>(st.batches);
+    state.counters["req_per_launch"] =
+        static_cast<double>(st.batched_requests) / static_cast<double>(st.batches);
   state.SetLabel(dev.name());
 }
 
@@ -477,13 +488,16 @@ void external(benchmark::State& state, std::size_t connections) {
       continue;
     }
     tune(benchmark::RegisterBenchmark(("server_load/baseline" + suffix).c_str(), baseline, c));
-    tune(benchmark::RegisterBenchmark(("server_load/cora" + suffix).c_str(), cora_server, c, false));
-    tune(benchmark::RegisterBenchmark(("server_load/cora_batching" + suffix).c_str(), cora_server, c, true));
+    tune(
+        benchmark::RegisterBenchmark(("server_load/cora" + suffix).c_str(), cora_server, c, false));
+    tune(benchmark::RegisterBenchmark(("server_load/cora_batching" + suffix).c_str(), cora_server,
+                                      c, true));
     // Google Benchmark appends the run settings to the names it reports.
     const std::string run = suffix + "/iterations:1/manual_time";
     cora::bench::compare("server_load/cora" + run, "server_load/baseline" + run, "req_per_s", true);
     cora::bench::compare("server_load/cora" + run, "server_load/baseline" + run, "p99_us");
-    cora::bench::compare("server_load/cora_batching" + run, "server_load/baseline" + run, "req_per_s", true);
+    cora::bench::compare("server_load/cora_batching" + run, "server_load/baseline" + run,
+                         "req_per_s", true);
     cora::bench::compare("server_load/cora_batching" + run, "server_load/baseline" + run, "p99_us");
   }
   return true;

@@ -164,7 +164,8 @@ TEST_P(kernel_server_test, AddAndSaxpyMatchTheHost) {
       ASSERT_EQ(r->data.size(), n);
       // A GPU may fuse a*x+y into one rounding step: allow a little per round.
       for (std::size_t i = 0; i < n; ++i)
-        ASSERT_NEAR(r->data[i], want[i], 1e-5f * rounds * (1.0f + std::fabs(want[i]))) << "at " << i;
+        ASSERT_NEAR(r->data[i], want[i], 1e-5f * rounds * (1.0f + std::fabs(want[i])))
+            << "at " << i;
     }
     srv->stop();
     srv->join();
@@ -337,8 +338,9 @@ TEST_P(kernel_server_test, ManyConnectionsAtOnce) {
       }
       for (int i = 0; i < connections; ++i) {
         auto rep = clients[i]->receive();
-        if (rep && rep->status() == proto::status::ok && rep->h.id == static_cast<std::uint32_t>(i) &&
-            rep->data.size() == 256 && rep->data[255] == static_cast<float>(i + r))
+        if (rep && rep->status() == proto::status::ok &&
+            rep->h.id == static_cast<std::uint32_t>(i) && rep->data.size() == 256 &&
+            rep->data[255] == static_cast<float>(i + r))
           ++correct;
       }
     }
@@ -490,15 +492,16 @@ TEST_P(kernel_server_test, BatchingPacksConcurrentRequestsAndSplitsReplies) {
         if (i % 2)
           clients[i]->send(proto::make_add_request(static_cast<std::uint32_t>(i), xs[i], ys[i]));
         else  // two saxpy kinds (a differs) next to the adds: three batches
-          clients[i]->send(proto::make_saxpy_request(static_cast<std::uint32_t>(i), i % 4 ? 2.0f : 3.0f,
-                                                     2, xs[i], ys[i]));
+          clients[i]->send(proto::make_saxpy_request(static_cast<std::uint32_t>(i),
+                                                     i % 4 ? 2.0f : 3.0f, 2, xs[i], ys[i]));
       }
       for (int i = 0; i < connections; ++i) {
         auto r = clients[i]->receive();
         ASSERT_TRUE(r);
         ASSERT_EQ(r->status(), proto::status::ok);
         ASSERT_EQ(r->h.id, static_cast<std::uint32_t>(i));
-        const auto want = i % 2 ? std::vector<float>{} : host_saxpy(i % 4 ? 2.0f : 3.0f, 2, xs[i], ys[i]);
+        const auto want =
+            i % 2 ? std::vector<float>{} : host_saxpy(i % 4 ? 2.0f : 3.0f, 2, xs[i], ys[i]);
         ASSERT_EQ(r->data.size(), xs[i].size());
         for (std::size_t k = 0; k < xs[i].size(); ++k) {
           if (i % 2)
@@ -525,9 +528,10 @@ TEST_P(kernel_server_test, ProgramStopsGracefullyOnSigterm) {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
     posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::string program = KERNEL_SERVER_PROGRAM, kernels = kernel_file("test_kernels.corabin").string();
-    std::vector<std::string> args = {program, "--port", "0", "--threads", "2", "--enable-sleep",
-                                     "--kernels", kernels};
+    std::string program = KERNEL_SERVER_PROGRAM,
+                kernels = kernel_file("test_kernels.corabin").string();
+    std::vector<std::string> args = {program, "--port",         "0",         "--threads",
+                                     "2",     "--enable-sleep", "--kernels", kernels};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

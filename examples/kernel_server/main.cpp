@@ -26,19 +26,28 @@ int main(int argc, char** argv) {
   CLI::App app{"cora kernel server: vector kernels over TCP, one coroutine per connection"};
   app.add_option("--address", o.address, "address to listen on")->capture_default_str();
   app.add_option("--port", o.port, "port to listen on (0: any free port)")->capture_default_str();
-  app.add_option("--threads", o.threads, "io_context threads (0: hardware threads)")->capture_default_str();
+  app.add_option("--threads", o.threads, "io_context threads (0: hardware threads)")
+      ->capture_default_str();
   app.add_option("--streams", o.streams, "device streams in the pool")->capture_default_str();
-  app.add_option("--max-request-bytes", o.max_request_bytes, "largest payload accepted")->capture_default_str();
-  app.add_option("--max-connections", o.max_connections, "connections served at once")->capture_default_str();
+  app.add_option("--max-request-bytes", o.max_request_bytes, "largest payload accepted")
+      ->capture_default_str();
+  app.add_option("--max-connections", o.max_connections, "connections served at once")
+      ->capture_default_str();
   app.add_option("--deadline-ms", deadline_ms, "per-request deadline")->capture_default_str();
-  app.add_option("--io-timeout-ms", io_timeout_ms, "a payload or reply must move within this")->capture_default_str();
-  app.add_option("--idle-timeout-ms", idle_timeout_ms, "close connections idle this long")->capture_default_str();
-  app.add_option("--max-rounds", o.max_rounds, "saxpy rounds allowed per request")->capture_default_str();
-  app.add_flag("--batching", o.batching, "pack requests arriving within the window into one launch");
+  app.add_option("--io-timeout-ms", io_timeout_ms, "a payload or reply must move within this")
+      ->capture_default_str();
+  app.add_option("--idle-timeout-ms", idle_timeout_ms, "close connections idle this long")
+      ->capture_default_str();
+  app.add_option("--max-rounds", o.max_rounds, "saxpy rounds allowed per request")
+      ->capture_default_str();
+  app.add_flag("--batching", o.batching,
+               "pack requests arriving within the window into one launch");
   app.add_option("--batch-window-us", window_us, "batching window")->capture_default_str();
   app.add_flag("--enable-sleep", o.enable_sleep, "serve the sleep op (for demonstrations)");
-  app.add_option("--kernels", kernels, "kernel binary with add_f32, saxpy_rounds and slow")->capture_default_str();
-  app.add_option("--run-for", run_for, "stop by itself after this many seconds (0: until a signal)");
+  app.add_option("--kernels", kernels, "kernel binary with add_f32, saxpy_rounds and slow")
+      ->capture_default_str();
+  app.add_option("--run-for", run_for,
+                 "stop by itself after this many seconds (0: until a signal)");
   CLI11_PARSE(app, argc, argv);
   o.kernels = kernels;
   o.deadline = std::chrono::milliseconds(deadline_ms);
@@ -79,12 +88,14 @@ int main(int argc, char** argv) {
     srv.start();
     srv.join();
     const auto s = srv.stats();
-    std::printf("stopped: %llu connections, %llu replies (%llu ok, %llu bad, %llu timeouts, %llu device errors)\n",
-                static_cast<unsigned long long>(s.connections_accepted),
-                static_cast<unsigned long long>(s.requests), static_cast<unsigned long long>(s.ok),
-                static_cast<unsigned long long>(s.bad_requests),
-                static_cast<unsigned long long>(s.timeouts),
-                static_cast<unsigned long long>(s.device_errors));
+    std::printf(
+        "stopped: %llu connections, %llu replies (%llu ok, %llu bad, %llu timeouts, %llu device "
+        "errors)\n",
+        static_cast<unsigned long long>(s.connections_accepted),
+        static_cast<unsigned long long>(s.requests), static_cast<unsigned long long>(s.ok),
+        static_cast<unsigned long long>(s.bad_requests),
+        static_cast<unsigned long long>(s.timeouts),
+        static_cast<unsigned long long>(s.device_errors));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kernel_server: %s\n", e.what());

@@ -27,12 +27,12 @@ enum class op : std::uint8_t {
 /// What a reply reports.
 enum class status : std::uint8_t {
   ok = 0,
-  bad_request = 1,    ///< malformed header or payload
-  too_large = 2,      ///< length above the server's limit; the connection is closed
-  unknown_op = 3,     ///< an op this server does not serve
-  timeout = 4,        ///< the deadline passed before the device finished
-  device_error = 5,   ///< the device reported a failure
-  busy = 6,           ///< too many connections; the connection is closed
+  bad_request = 1,   ///< malformed header or payload
+  too_large = 2,     ///< length above the server's limit; the connection is closed
+  unknown_op = 3,    ///< an op this server does not serve
+  timeout = 4,       ///< the deadline passed before the device finished
+  device_error = 5,  ///< the device reported a failure
+  busy = 6,          ///< too many connections; the connection is closed
 };
 
 inline const char* to_string(status s) noexcept {
@@ -163,8 +163,7 @@ inline std::vector<std::byte> make_add_request(std::uint32_t id, std::span<const
 
 /// A complete saxpy request: header, parameters, x and y.
 inline std::vector<std::byte> make_saxpy_request(std::uint32_t id, float a, std::uint32_t rounds,
-                                                 std::span<const float> x,
-                                                 std::span<const float> y,
+                                                 std::span<const float> x, std::span<const float> y,
                                                  std::uint32_t deadline_ms = 0) {
   request_header h;
   h.op = static_cast<std::uint8_t>(op::saxpy);

@@ -195,7 +195,7 @@ struct connection {
   std::size_t buffered() const noexcept { return end - begin; }
 
   tcp::socket socket;
-  asio::steady_timer watchdog;                        // closes the socket past io_deadline
+  asio::steady_timer watchdog;  // closes the socket past io_deadline
   clock::time_point io_deadline = clock::time_point::max();
   bool idle = false;     // waiting for a request's first byte: stop() may close it at once
   bool closing = false;  // finish the current request, then close
@@ -373,9 +373,9 @@ struct server::impl {
       if (!co_await fill(c, proto::request_header_size)) co_return;
       c.idle = false;
       const auto received = clock::now();
-      const proto::request_header h = proto::decode_request(
-          std::span<const std::byte, proto::request_header_size>(c.in.data() + c.begin,
-                                                                 proto::request_header_size));
+      const proto::request_header h =
+          proto::decode_request(std::span<const std::byte, proto::request_header_size>(
+              c.in.data() + c.begin, proto::request_header_size));
       c.begin += proto::request_header_size;
       // Framing errors: what follows cannot be trusted, so reply and close.
       if (h.magic != proto::magic || h.version != proto::version) {
@@ -434,7 +434,8 @@ struct server::impl {
     if (h.flags != 0) co_return proto::status::bad_request;
     job j;
     auto limit = opts.deadline;
-    if (h.deadline_ms) limit = std::min<std::chrono::milliseconds>(limit, std::chrono::milliseconds(h.deadline_ms));
+    if (h.deadline_ms)
+      limit = std::min<std::chrono::milliseconds>(limit, std::chrono::milliseconds(h.deadline_ms));
     j.deadline = received + limit;
     const std::byte* p = c.payload.data();
     const std::size_t len = h.length;
@@ -464,8 +465,7 @@ struct server::impl {
         std::memcpy(&j.sleep_us, p, 8);
         if (j.sleep_us > opts.max_sleep_us) co_return proto::status::bad_request;
         break;
-      default:
-        co_return proto::status::unknown_op;
+      default: co_return proto::status::unknown_op;
     }
     c.reply.resize(proto::reply_header_size + 4 * j.n);
     j.out = c.reply.data() + proto::reply_header_size;
@@ -490,7 +490,8 @@ struct server::impl {
     const std::uint64_t units = std::max(1u, props.compute_units);
     if (props.backend == cora::backend_kind::cuda) {
       const std::uint64_t blocks = (n + 255) / 256;
-      return {.grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(blocks, 1, units * 8)), .block = 256};
+      return {.grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(blocks, 1, units * 8)),
+              .block = 256};
     }
     // On the CPU device a block is a thread: split only vectors big enough to pay for it.
     const std::uint64_t blocks = n / 16384;
@@ -647,8 +648,7 @@ struct server::impl {
   void add_to_batch(batch_entry* e) {
     const batch_key key = key_of(*e->j);
     auto it = batches.find(key);
-    if (it != batches.end() && it->second.elements + e->j->n > opts.batch_max_elements)
-      flush(it);
+    if (it != batches.end() && it->second.elements + e->j->n > opts.batch_max_elements) flush(it);
     auto& b = batches[key];
     b.entries.push_back(e);
     b.elements += e->j->n;
@@ -730,8 +730,8 @@ struct server::impl {
   std::map<batch_key, open_batch> batches;  // on batch_strand
   std::uint64_t batch_ids = 0;
 
-  std::atomic<std::uint64_t> accepted{0}, rejected{0}, open_count{0}, requests{0}, in_flight{0}, ok_count{0},
-      bad_requests{0}, timeouts{0}, device_errors{0}, batch_count{0}, batched{0};
+  std::atomic<std::uint64_t> accepted{0}, rejected{0}, open_count{0}, requests{0}, in_flight{0},
+      ok_count{0}, bad_requests{0}, timeouts{0}, device_errors{0}, batch_count{0}, batched{0};
 };
 
 // ---------------------------------------------------------------------------------------------

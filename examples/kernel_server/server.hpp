@@ -50,13 +50,13 @@ struct server_stats {
   std::uint64_t connections_accepted = 0;
   std::uint64_t connections_rejected = 0;  ///< over max_connections
   std::uint64_t connections_open = 0;
-  std::uint64_t requests = 0;              ///< replies sent, whatever their status
-  std::uint64_t in_flight = 0;             ///< requests read and not yet answered
+  std::uint64_t requests = 0;   ///< replies sent, whatever their status
+  std::uint64_t in_flight = 0;  ///< requests read and not yet answered
   std::uint64_t ok = 0;
-  std::uint64_t bad_requests = 0;          ///< bad_request, too_large, unknown_op
+  std::uint64_t bad_requests = 0;  ///< bad_request, too_large, unknown_op
   std::uint64_t timeouts = 0;
   std::uint64_t device_errors = 0;
-  std::uint64_t batches = 0;               ///< launches that served more than one request
+  std::uint64_t batches = 0;  ///< launches that served more than one request
   std::uint64_t batched_requests = 0;
 };
 

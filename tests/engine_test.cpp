@@ -4,6 +4,7 @@
 #include <asio/bind_executor.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
@@ -301,6 +302,48 @@ TEST_P(engine_test, LongOpDoesNotDelayLaterShortOpsOnTheEngineThread) {
     if (i >= 6) worst = std::max(worst, std::chrono::steady_clock::now() - t0);
   }
   EXPECT_LT(worst, 50ms) << "short ops are detected as late as the long op before them";
+}
+
+// A cancellation emitted on the waiter's strand while the op's completion is detected on
+// another thread (a poll step on a plain executor of the same context): the wait ends once,
+// either way, and nothing is touched after it is freed. (The op used to be freed on the
+// detecting thread while the strand's emit was still calling into it.)
+TEST_P(engine_test, CancellationRacingCompletionOnAnotherThread) {
+  const int rounds = 200 * stress_scale();  // 20000 by default
+  with_watchdog(300s, [&] {
+    asio::io_context ctx;
+    auto s = dev().make_stream();
+    auto empty = kernels().kernel("empty");
+    std::atomic<int> done{0}, aborted{0};
+    auto racer = [&]() -> asio::awaitable<void> {
+      auto ex = co_await asio::this_coro::executor;
+      for (int i = 0; i < rounds; ++i) {
+        auto sig = std::make_shared<asio::cancellation_signal>();
+        auto p = s.launch(empty, {});
+        asio::steady_timer t(ex, std::chrono::microseconds(i % 30));
+        t.async_wait([sig](std::error_code ec) {
+          if (!ec) sig->emit(asio::cancellation_type::terminal);
+        });
+        auto [ec] = co_await p.async_wait(asio::bind_cancellation_slot(
+            sig->slot(), asio::experimental::as_tuple(asio::use_awaitable)));
+        if (ec == asio::error::operation_aborted) ++aborted;
+        else EXPECT_FALSE(ec) << ec.message();
+        ++done;
+      }
+    };
+    // The first wait of the context is on its plain executor, so its poll steps run there, on
+    // any thread; the racer then runs on a strand.
+    asio::co_spawn(ctx, [&]() -> asio::awaitable<void> {
+      co_await s.launch(empty, {}).async_wait(asio::use_awaitable);
+      asio::co_spawn(asio::make_strand(ctx), racer(), asio::detached);
+    }, asio::detached);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) threads.emplace_back([&] { ctx.run(); });
+    ctx.run();
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(done.load(), rounds);
+    s.synchronize().wait();
+  });
 }
 
 }  // namespace

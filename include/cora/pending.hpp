@@ -117,13 +117,16 @@ class wait_op : private wait_node {
 
   void start() {
     this->on_complete = &complete;
-    auto slot = asio::get_associated_cancellation_slot(handler_);
     if (!source_) {
       this->ec = make_error_code(errc::invalid_handle);
       finish(false);
       return;
     }
-    if (slot.is_connected()) slot.assign([this](asio::cancellation_type t) { cancel(t); });
+    slot_ = asio::get_associated_cancellation_slot(handler_);
+    if (slot_.is_connected()) {
+      slot_.assign([this](asio::cancellation_type t) { cancel(t); });
+      slot_assigned_ = true;
+    }
     if (!source_->arm(*this, seq_, executor_ ? &executor_ : nullptr)) finish(false);
   }
 
@@ -145,22 +148,13 @@ class wait_op : private wait_node {
     }
   }
 
+  // The op stays alive until its handler runs on the handler's executor. That is where a
+  // cancellation is emitted, possibly while completion is being detected on another thread:
+  // cancel() must then find the op alive (its disarm fails), and the slot is cleared only
+  // there, never concurrently with an emit.
   void finish(bool may_run_inline) noexcept {
-    auto slot = asio::get_associated_cancellation_slot(handler_);
-    if (slot.is_connected()) slot.clear();
-    std::unique_ptr<wait_op> self(this);
     asio::any_io_executor ex = std::move(executor_);
-    auto call = [h = std::move(handler_), ec = this->ec, src = std::move(source_)]() mutable {
-      if constexpr (std::is_void_v<T>) {
-        std::move(h)(ec);
-      } else {
-        if (ec)
-          std::move(h)(ec, T{});
-        else
-          std::move(h)(ec, take_value<T>(src.get()));
-      }
-    };
-    self.reset();
+    auto call = [op = std::unique_ptr<wait_op>(this)]() mutable { deliver(std::move(op)); };
     if (!ex && !may_run_inline)
       asio::post(asio::system_executor(), std::move(call));  // never inside the initiation
     else if (!ex)
@@ -171,10 +165,28 @@ class wait_op : private wait_node {
       asio::post(ex, std::move(call));
   }
 
+  static void deliver(std::unique_ptr<wait_op> op) {
+    if (op->slot_assigned_) op->slot_.clear();
+    Handler h = std::move(op->handler_);
+    const std::error_code ec = op->ec;
+    intrusive_ptr<completion_source> src = std::move(op->source_);
+    op.reset();
+    if constexpr (std::is_void_v<T>) {
+      std::move(h)(ec);
+    } else {
+      if (ec)
+        std::move(h)(ec, T{});
+      else
+        std::move(h)(ec, take_value<T>(src.get()));
+    }
+  }
+
   Handler handler_;
   intrusive_ptr<completion_source> source_;
   std::uint64_t seq_;
   asio::any_io_executor executor_;
+  asio::associated_cancellation_slot_t<Handler> slot_{};
+  bool slot_assigned_ = false;
 };
 
 template <class T>

@@ -6,7 +6,9 @@
 
 #include <asio/error.hpp>
 #include <asio/execution/context.hpp>
+#include <asio/io_context.hpp>
 #include <asio/post.hpp>
+#include <asio/thread_pool.hpp>
 #include <asio/query.hpp>
 
 #include "core/state.hpp"
@@ -147,10 +149,17 @@ executor_group& executor_group::of(const asio::any_io_executor& ex) {
 
 void executor_group::bind(const asio::any_io_executor& ex) {
   std::lock_guard lock(state_mutex_);
-  if (!bound_) {
+  if (bound_) return;
+  // Poll steps go to the context itself, not to the strand of whichever waiter came first, so
+  // that detection is not queued behind that strand's own work.
+  auto& ctx = asio::query(ex, asio::execution::context);
+  if (auto* io = dynamic_cast<asio::io_context*>(&ctx))
+    executor_ = io->get_executor();
+  else if (auto* pool = dynamic_cast<asio::thread_pool*>(&ctx))
+    executor_ = pool->get_executor();
+  else
     executor_ = asio::prefer(ex, asio::execution::outstanding_work.untracked);
-    bound_ = true;
-  }
+  bound_ = true;
 }
 
 void executor_group::post_step() {

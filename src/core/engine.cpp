@@ -3,12 +3,13 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <typeinfo>
 
 #include <asio/error.hpp>
 #include <asio/execution/context.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
-#include <asio/thread_pool.hpp>
+#include <asio/strand.hpp>
 #include <asio/query.hpp>
 
 #include "core/state.hpp"
@@ -147,18 +148,33 @@ executor_group& executor_group::of(const asio::any_io_executor& ex) {
   return asio::use_service<executor_group>(asio::query(ex, asio::execution::context));
 }
 
+namespace {
+
+using tracked_io_executor = asio::io_context::basic_executor_type<std::allocator<void>, 4>;
+
+// Replaces a strand by the executor under it. (any_executor::target() in Asio 1.22 does not
+// check the type, so the type is compared here.)
+template <class Strand>
+bool unwrap_strand(asio::any_io_executor& ex) {
+  if (ex.target_type() != typeid(Strand)) return false;
+  asio::any_io_executor inner = ex.target<Strand>()->get_inner_executor();
+  ex = std::move(inner);
+  return true;
+}
+
+}  // namespace
+
 void executor_group::bind(const asio::any_io_executor& ex) {
   std::lock_guard lock(state_mutex_);
   if (bound_) return;
   // Poll steps go to the context itself, not to the strand of whichever waiter came first, so
   // that detection is not queued behind that strand's own work.
-  auto& ctx = asio::query(ex, asio::execution::context);
-  if (auto* io = dynamic_cast<asio::io_context*>(&ctx))
-    executor_ = io->get_executor();
-  else if (auto* pool = dynamic_cast<asio::thread_pool*>(&ctx))
-    executor_ = pool->get_executor();
-  else
-    executor_ = asio::prefer(ex, asio::execution::outstanding_work.untracked);
+  asio::any_io_executor inner = ex;
+  while (unwrap_strand<asio::strand<asio::any_io_executor>>(inner) ||
+         unwrap_strand<asio::strand<asio::io_context::executor_type>>(inner) ||
+         unwrap_strand<asio::strand<tracked_io_executor>>(inner)) {
+  }
+  executor_ = asio::prefer(inner, asio::execution::outstanding_work.untracked);
   bound_ = true;
 }
 

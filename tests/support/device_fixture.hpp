@@ -58,6 +58,11 @@ class device_test : public ::testing::TestWithParam<backend> {
     if (!rt_) GTEST_SKIP() << "no " << (GetParam() == backend::cpu ? "CPU" : "CUDA") << " device here";
   }
   cora::device& dev() { return rt_->device(0); }
+  /// A GPU fault is sticky for the whole context: suites sharing one runtime fault only on the
+  /// CPU device (cuda_backend_test checks GPU faults in child processes).
+  void skip_faults_on_gpu() {
+    if (GetParam() == backend::cuda) GTEST_SKIP() << "a fault would break the shared CUDA context";
+  }
   /// test_kernels.corabin, loaded once per backend.
   cora::binary& kernels() {
     static std::map<backend, cora::binary> loaded;

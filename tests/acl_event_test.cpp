@@ -129,14 +129,16 @@ TEST_P(acl_event_test, StreamWaitEventOrdersStreams) {
 }
 
 TEST_P(acl_event_test, FaultBeforeTheEventSurfacesAtItsSynchronize) {
-  aclrtEvent ev = nullptr;
-  ASSERT_EQ(aclrtCreateEvent(&ev), ACL_SUCCESS);
-  void* out = dmalloc(64);
-  void* args[] = {&out};
-  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, nullptr, nullptr, args), ACL_SUCCESS);
-  ASSERT_EQ(aclrtRecordEvent(ev, nullptr), ACL_SUCCESS);
-  EXPECT_EQ(aclrtSynchronizeEvent(ev), ACL_ERROR_RT_AICORE_EXCEPTION);
-  EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_ERROR_RT_AICORE_EXCEPTION);  // the stream reports it too
+  isolated_fault([&] {
+    aclrtEvent ev = nullptr;
+    ASSERT_EQ(aclrtCreateEvent(&ev), ACL_SUCCESS);
+    void* out = dmalloc(64);
+    void* args[] = {&out};
+    ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, nullptr, nullptr, args), ACL_SUCCESS);
+    ASSERT_EQ(aclrtRecordEvent(ev, nullptr), ACL_SUCCESS);
+    EXPECT_EQ(aclrtSynchronizeEvent(ev), ACL_ERROR_RT_AICORE_EXCEPTION);
+    EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_ERROR_RT_AICORE_EXCEPTION);  // the stream reports it too
+  });
 }
 
 class acl_event_two_devices : public acl_two_device_test {};

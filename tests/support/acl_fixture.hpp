@@ -7,6 +7,7 @@
 #include <acl/acl.h>
 #include <acl/cora_acl.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -61,6 +62,25 @@ class acl_test : public ::testing::TestWithParam<backend> {
   void TearDown() override { (void)aclFinalize(); }
 
   bool cuda() const { return GetParam() == backend::cuda; }
+
+  /// Runs `scenario`, which faults a kernel, where the fault cannot harm later tests: inline on
+  /// the CPU device, in a child process on a GPU (a fault loses a CUDA context for the whole
+  /// process; docs/cuda.md). After a fault the CPU device goes on, a GPU stays lost.
+  template <class F>
+  void isolated_fault(F&& scenario) {
+    if (!cuda()) {
+      scenario();
+      return;
+    }
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_EXIT(
+        {
+          scenario();
+          std::fflush(stdout);
+          std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
+        },
+        ::testing::ExitedWithCode(0), "");
+  }
 
   /// test_kernels.corabin (or another binary of the build) on the current device.
   aclrtBinHandle load(const std::string& name = "test_kernels.corabin") {

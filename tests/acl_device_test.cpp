@@ -207,13 +207,14 @@ TEST_P(acl_device_test, SynchronizeDeviceWaitsForEveryStream) {
 TEST_P(acl_device_test, SynchronizeDeviceReportsAFault) {
   isolated_fault([&] {
     auto out = dmalloc(64);
+    aclrtFuncHandle empty = kernel("empty");
     void* args[] = {&out};
     ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, nullptr, nullptr, args), ACL_SUCCESS);
     EXPECT_EQ(aclrtSynchronizeDevice(), ACL_ERROR_RT_AICORE_EXCEPTION);
-    if (cuda())
-      EXPECT_NE(aclrtSynchronizeDevice(), ACL_SUCCESS);  // the GPU is lost
-    else
-      EXPECT_EQ(aclrtSynchronizeDevice(), ACL_SUCCESS);  // reported once
+    EXPECT_EQ(aclrtSynchronizeDevice(), ACL_SUCCESS);  // reported once
+    // The CPU device goes on; a GPU is lost, and new work fails at once.
+    EXPECT_EQ(aclrtLaunchKernelWithArgsArray(empty, 1, nullptr, nullptr, nullptr),
+              cuda() ? ACL_ERROR_RT_LOST_HEARTBEAT : ACL_SUCCESS);
   });
 }
 

@@ -259,13 +259,15 @@ TEST_P(acl_launch_test, TimeoutAttributeStopsALongKernel) {
 TEST_P(acl_launch_test, KernelFaultSurfacesAtTheNextSynchronize) {
   isolated_fault([&] {
     void* out = dmalloc(64);
+    aclrtFuncHandle empty = kernel("empty");
     void* args[] = {&out};
     ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, nullptr, nullptr, args), ACL_SUCCESS);  // async
     EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_ERROR_RT_AICORE_EXCEPTION);
-    if (cuda())
-      EXPECT_NE(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);  // the GPU is lost
-    else
-      EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);  // reported once
+    EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);  // reported once
+    // The CPU device goes on; a GPU is lost, and new work fails at once.
+    EXPECT_EQ(aclrtLaunchKernelWithArgsArray(empty, 1, nullptr, nullptr, nullptr),
+              cuda() ? ACL_ERROR_RT_LOST_HEARTBEAT : ACL_SUCCESS);
+    EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
   });
 }
 

@@ -54,6 +54,7 @@ if [[ $skip_build -eq 0 ]]; then
   cmake --build "$build_dir" --target acl_launch_kernel add_custom_simple add_custom_placeholder
 fi
 
+build_dir=$(cd "$build_dir" && pwd)  # absolute: the sample runs in another directory
 binary="$build_dir/examples/acl_launch_kernel"
 case "$run_mode" in
   simple) kernels="$build_dir/kernels/add_custom.corabin" ;;

@@ -196,6 +196,20 @@ TEST_P(binary_test, LazyLoadDefersTheDeviceLoadToTheFirstLookup) {
   EXPECT_EQ(k.params().size(), 4u);
 }
 
+TEST_P(binary_test, ImagesLoadedOneAfterAnotherStayDistinct) {
+  // Earlier images stay loaded while others come and go: each load must get its own image (on
+  // the CPU device, a reused memory-file name once handed back an older image).
+  auto keep = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  for (int round = 0; round < 4; ++round) {
+    auto simple = dev().load_binary(kernel_file("add_custom.corabin")).wait();
+    EXPECT_EQ(simple.kernel("add_custom").params().size(), 3u) << round;
+    auto tiling = dev().load_binary(kernel_file("add_custom_tiling.corabin")).wait();
+    EXPECT_EQ(tiling.kernel("add_custom").params().size(), 5u) << round;
+    simple = binary();  // freed: its slot may be reused by the next load
+  }
+  EXPECT_EQ(keep.kernel("add_f32").params().size(), 4u);
+}
+
 TEST_P(binary_test, LoadFromAnEmptySpanIsInvalid) {
   std::error_code ec;
   dev().load_binary(std::span<const std::byte>()).wait(ec);

@@ -119,5 +119,24 @@ TEST(runtime, ObjectsOutliveTheRuntimeAndFailCleanly) {
   s = stream();
 }
 
+TEST(runtime, CpuDevicesComeFromTheEnvironment) {
+  env_var backend("CORA_BACKEND", "cpu");
+  env_var devices("CORA_CPU_DEVICES", "3");
+  runtime rt;
+  ASSERT_EQ(rt.device_count(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rt.device(i).backend(), backend_kind::cpu);
+    EXPECT_EQ(rt.device(i).properties().ordinal, i);
+  }
+}
+
+TEST(runtime, BadCpuDeviceCountIsRefused) {
+  env_var backend("CORA_BACKEND", "cpu");
+  for (const char* bad : {"0", "-1", "two", "65"}) {
+    env_var devices("CORA_CPU_DEVICES", bad);
+    EXPECT_CORA_ERROR(runtime(), errc::invalid_argument);
+  }
+}
+
 }  // namespace
 }  // namespace cora::test

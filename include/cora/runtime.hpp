@@ -34,7 +34,7 @@ struct runtime_options {
   unsigned cpu_compute_units = 0;
   /// Device memory of each CPU device in bytes; 0 = physical memory, at most 64 GiB.
   std::size_t cpu_memory = 0;
-  /// Number of CPU devices (more than one models a multi-device machine).
+  /// Number of CPU devices (more than one models a multi-device machine) (CORA_CPU_DEVICES).
   unsigned cpu_devices = 1;
   /// Hybrid policy: how long a waiter spins before handing the wait to the engine thread.
   std::chrono::microseconds spin_limit{50};

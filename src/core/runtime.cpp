@@ -55,6 +55,12 @@ void apply_environment(runtime_options& o) {
     if (!end || *end || n == 0 || n > 4096) bad_env("CORA_CPU_UNITS", v, "a thread count");
     o.cpu_compute_units = static_cast<unsigned>(n);
   }
+  if (auto v = env("CORA_CPU_DEVICES"); !v.empty()) {
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(v.c_str(), &end, 10);
+    if (!end || *end || n == 0 || n > 64) bad_env("CORA_CPU_DEVICES", v, "a device count (1 to 64)");
+    o.cpu_devices = static_cast<unsigned>(n);
+  }
 }
 
 }  // namespace

@@ -36,10 +36,12 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
     }
     written += static_cast<std::size_t>(n);
   }
+  // The file stays open while the image is loaded: dlopen returns an already loaded object of
+  // the same name, and "/proc/self/fd/N" names repeat once N is closed and reused.
   const std::string path = "/proc/self/fd/" + std::to_string(fd);
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ::close(fd);
   if (!handle) {
+    ::close(fd);
     ec = make_error_code(errc::invalid_binary);
     const char* err = ::dlerror();
     message = std::string("the kernel image does not load: ") + (err ? err : "dlopen failed");
@@ -47,6 +49,7 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
   }
   std::unique_ptr<cpu_module> m(new cpu_module);
   m->handle_ = handle;
+  m->fd_ = fd;
   m->kernels_ = std::move(kernels);
   m->entries_.resize(m->kernels_.size(), nullptr);
   for (std::size_t i = 0; i < m->kernels_.size(); ++i) {
@@ -64,6 +67,7 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
 
 cpu_module::~cpu_module() {
   if (handle_) ::dlclose(handle_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void* cpu_module::function(std::size_t index, std::error_code& ec, std::string& message) {

@@ -24,6 +24,7 @@ class cpu_module final : public module {
  private:
   cpu_module() = default;
   void* handle_ = nullptr;
+  int fd_ = -1;  // the image's memory file, open while it is loaded
   std::vector<kernel_desc> kernels_;
   std::vector<void*> entries_;
 };

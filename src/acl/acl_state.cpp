@@ -1,0 +1,330 @@
+#include "acl/acl_state.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <chrono>
+#include <new>
+#include <thread>
+
+namespace cora::acl {
+
+namespace {
+
+thread_local std::string recent_message;
+
+/// The device the calling thread set, valid while its epoch and generation are current.
+struct binding {
+  std::size_t device = 0;
+  std::uint64_t epoch = 0;
+  std::uint64_t generation = 0;
+  bool set = false;
+};
+thread_local binding current_binding;
+
+}  // namespace
+
+// --- errors ------------------------------------------------------------------------------------
+
+aclError fail(aclError code, const char* api, const std::string& message) {
+  try {
+    recent_message = std::string(api) + ": " + message;
+  } catch (...) {
+  }
+  return code;
+}
+
+const char* recent_error_message() noexcept {
+  return recent_message.empty() ? nullptr : recent_message.c_str();
+}
+
+aclError to_acl(std::error_code ec) noexcept {
+  if (!ec) return ACL_SUCCESS;
+  if (ec.category() == cora::error_category()) {
+    switch (static_cast<cora::errc>(ec.value())) {
+      case errc::invalid_argument:
+      case errc::invalid_pointer:
+      case errc::out_of_range:
+      case errc::invalid_binary:
+      case errc::kernel_not_found:
+      case errc::argument_mismatch:
+      case errc::invalid_launch_config:
+      case errc::args_not_finalized:
+      case errc::too_many_arguments:
+        return ACL_ERROR_RT_PARAM_INVALID;
+      case errc::invalid_handle:
+      case errc::binary_unloaded:
+      case errc::already_unloaded:
+        return ACL_ERROR_RT_INVALID_HANDLE;
+      case errc::out_of_memory: return ACL_ERROR_RT_MEMORY_ALLOCATION;
+      case errc::placeholder_misuse:
+      case errc::args_finalized:
+      case errc::not_supported:
+        return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+      case errc::kernel_fault: return ACL_ERROR_RT_AICORE_EXCEPTION;
+      case errc::kernel_timeout: return ACL_ERROR_RT_AICORE_TIMEOUT;
+      case errc::device_lost: return ACL_ERROR_RT_LOST_HEARTBEAT;
+      case errc::wrong_device: return ACL_ERROR_RT_STREAM_CONTEXT;
+      case errc::runtime_shut_down: return ACL_ERROR_UNINITIALIZE;
+      case errc::no_device: return ACL_ERROR_RT_INVALID_DEVICEID;
+      case errc::driver_error: return ACL_ERROR_RT_DRV_INTERNAL_ERROR;
+      case errc::not_ready: return ACL_ERROR_RT_EVENT_NOT_COMPLETE;
+      case errc::timed_out: return ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
+    }
+    return ACL_ERROR_RT_INTERNAL_ERROR;
+  }
+  // Waits aborted by a shutdown carry asio's operation_aborted (ECANCELED).
+  if (ec.category() == std::system_category() && ec.value() == ECANCELED)
+    return ACL_ERROR_RT_DEVICE_TASK_ABORT;
+  // The core reports file errors (binaries read from disk) in the system category.
+  if (ec.category() == std::system_category() || ec.category() == std::generic_category())
+    return ACL_ERROR_RT_FILE_OPEN;
+  return ACL_ERROR_RT_INTERNAL_ERROR;
+}
+
+aclError fail(aclError code, std::error_code ec, const char* api, const std::string& detail) {
+  std::string m = detail.empty() ? ec.message() : detail;
+  if (!detail.empty() && detail != ec.message()) m += " (" + ec.message() + ")";
+  return fail(code, api, m);
+}
+
+aclError fail(std::error_code ec, const char* api, const std::string& detail) {
+  return fail(to_acl(ec), ec, api, detail);
+}
+
+aclError fail_current_exception(const char* api) noexcept {
+  try {
+    throw;
+  } catch (const cora::error& e) {
+    return fail(e.code(), api, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(ACL_ERROR_BAD_ALLOC, api, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(ACL_ERROR_INTERNAL_ERROR, api, e.what());
+  } catch (...) {
+    return fail(ACL_ERROR_INTERNAL_ERROR, api, "unknown exception");
+  }
+}
+
+// --- objects -----------------------------------------------------------------------------------
+
+bool args_obj::param_index(const void* handle, std::uint32_t& index) const noexcept {
+  const auto* p = static_cast<const unsigned char*>(handle);
+  // Compare as integers: the handle may point anywhere.
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const auto base = reinterpret_cast<std::uintptr_t>(params.data());
+  if (a < base || a >= base + params.size()) return false;
+  index = static_cast<std::uint32_t>(a - base);
+  return index < args.param_count();
+}
+
+void report_queue::close() {
+  std::lock_guard lock(mutex);
+  closed = true;
+  for (auto& r : reports) r->done = true;
+  reports.clear();
+  cv.notify_all();
+}
+
+void teardown::run() noexcept {
+  try {
+    for (auto& q : reporters) q->close();
+    if (wait_streams)
+      for (auto& s : streams) {
+        std::error_code ec;
+        s->s.synchronize().wait(ec);  // CANN waits for the tasks of a released stream
+      }
+    for (auto& b : binaries) {
+      std::error_code ec;
+      if (b->bin.loaded()) b->bin.unload(ec);  // launches in flight keep the code loaded
+    }
+  } catch (...) {
+  }
+  streams.clear();
+  events.clear();
+  functions.clear();
+  binaries.clear();
+  args.clear();
+  reporters.clear();
+  runtime.reset();  // last: everything above may belong to it
+}
+
+// --- the state ---------------------------------------------------------------------------------
+
+state& state::get() {
+  static state* s = new state;  // never destroyed: thread_local objects may outlive statics
+  return *s;
+}
+
+void state::release_device_locked(std::size_t index, teardown& out) {
+  auto& slot = devices[index];
+  auto take = [&](auto& map, auto& into) {
+    for (auto it = map.begin(); it != map.end();) {
+      if (it->second->device == index) {
+        into.push_back(std::move(it->second));
+        it = map.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  take(streams, out.streams);
+  take(events, out.events);
+  take(binaries, out.binaries);
+  take(functions, out.functions);
+  for (auto& s : out.streams) {
+    if (s->subscriber && --s->subscriber->streams == 0) {
+      reporters.erase(s->subscriber->thread_id);
+      out.reporters.push_back(s->subscriber);
+    }
+    s->subscriber.reset();
+  }
+  for (auto* s : {&slot.default_stream, &slot.sync_stream})
+    if (*s) {
+      if ((*s)->subscriber && --(*s)->subscriber->streams == 0) {
+        reporters.erase((*s)->subscriber->thread_id);
+        out.reporters.push_back((*s)->subscriber);
+      }
+      (*s)->subscriber.reset();
+      out.streams.push_back(std::move(*s));
+    }
+  slot.symbol_functions.clear();  // their kernels stay loaded in the core's kernel libraries
+  slot.refcount = 0;
+  ++slot.generation;
+}
+
+aclError require_init_locked(state& st, const char* api) {
+  if (!st.runtime) return fail(ACL_ERROR_UNINITIALIZE, api, "aclInit has not been called");
+  return ACL_SUCCESS;
+}
+
+void bind_thread_locked(state& st, std::size_t index) {
+  current_binding = {index, st.epoch, st.devices[index].generation, true};
+}
+
+aclError current_locked(state& st, const char* api, context& out) {
+  if (aclError e = require_init_locked(st, api)) return e;
+  const binding& b = current_binding;
+  if (!b.set || b.epoch != st.epoch || b.device >= st.devices.size() ||
+      b.generation != st.devices[b.device].generation || st.devices[b.device].refcount <= 0)
+    return fail(ACL_ERROR_RT_CONTEXT_NULL, api,
+                "no device is set on this thread (call aclrtSetDevice first)");
+  out.runtime = st.runtime;
+  out.index = b.device;
+  out.device = &st.runtime->device(b.device);
+  return ACL_SUCCESS;
+}
+
+aclError current(const char* api, context& out) {
+  auto& st = state::get();
+  std::lock_guard lock(st.mutex);
+  return current_locked(st, api, out);
+}
+
+aclError resolve_stream_locked(state& st, const char* api, aclrtStream handle,
+                               std::shared_ptr<stream_obj>& out) {
+  if (handle) {
+    if (aclError e = require_init_locked(st, api)) return e;
+    auto it = st.streams.find(handle);
+    if (it == st.streams.end())
+      return fail(ACL_ERROR_RT_INVALID_HANDLE, api,
+                  "the stream is not a live handle (destroyed, or never created)");
+    out = it->second;
+    return ACL_SUCCESS;
+  }
+  context ctx;
+  if (aclError e = current_locked(st, api, ctx)) return e;
+  auto& slot = st.devices[ctx.index];
+  if (!slot.default_stream) {
+    auto s = std::make_shared<stream_obj>();
+    s->s = ctx.device->make_stream();
+    s->device = ctx.index;
+    slot.default_stream = std::move(s);
+  }
+  out = slot.default_stream;
+  return ACL_SUCCESS;
+}
+
+aclError resolve_stream(const char* api, aclrtStream handle, std::shared_ptr<stream_obj>& out) {
+  auto& st = state::get();
+  std::lock_guard lock(st.mutex);
+  return resolve_stream_locked(st, api, handle, out);
+}
+
+aclError sync_stream_locked(state& st, const char*, const context& ctx,
+                            std::shared_ptr<stream_obj>& out) {
+  auto& slot = st.devices[ctx.index];
+  if (!slot.sync_stream) {
+    auto s = std::make_shared<stream_obj>();
+    s->s = ctx.device->make_stream();
+    s->device = ctx.index;
+    slot.sync_stream = std::move(s);
+  }
+  out = slot.sync_stream;
+  return ACL_SUCCESS;
+}
+
+aclError resolve_args(const char* api, aclrtArgsHandle handle, std::shared_ptr<args_obj>& out) {
+  if (!handle) return fail(ACL_ERROR_INVALID_PARAM, api, "argsHandle is NULL");
+  auto& st = state::get();
+  std::lock_guard lock(st.mutex);
+  if (aclError e = require_init_locked(st, api)) return e;
+  auto it = st.args.find(handle);
+  if (it == st.args.end())
+    return fail(ACL_ERROR_RT_INVALID_HANDLE, api,
+                "argsHandle is not an argument list made by aclrtKernelArgsInit or "
+                "aclrtKernelArgsInitByUserMem");
+  if (it->second->user_mem) {
+    // A handle in user memory: the caller may have reused that memory since.
+    user_args_header h{};
+    std::memcpy(&h, handle, sizeof(h));
+    if (h.magic != user_args_header::magic_value || h.owner != it->second.get())
+      return fail(ACL_ERROR_RT_INVALID_HANDLE, api,
+                  "argsHandle memory was overwritten since aclrtKernelArgsInitByUserMem");
+  }
+  out = it->second;
+  return ACL_SUCCESS;
+}
+
+// --- waiting -------------------------------------------------------------------------------------
+
+std::string op_message(const cora::pending<void>& p) {
+  const auto& h = p.handle();
+  return h.source() ? h.source()->message(h.seq()) : std::string();
+}
+
+aclError wait(const char* api, cora::pending<void>& p) {
+  std::error_code ec;
+  p.wait(ec);
+  if (ec) return fail(ec, api, op_message(p));
+  return ACL_SUCCESS;
+}
+
+aclError check_enqueued(const char* api, cora::pending<void>& p,
+                        std::initializer_list<std::pair<cora::errc, aclError>> overrides) {
+  if (!p.ready()) return ACL_SUCCESS;
+  const std::error_code ec = p.error();  // observes it: the failure is reported here, once
+  if (!ec) return ACL_SUCCESS;
+  for (const auto& [from, to] : overrides)
+    if (ec == from) return fail(to, ec, api, op_message(p));
+  return fail(ec, api, op_message(p));
+}
+
+aclError synchronize_stream(const char* api, stream_obj& s, std::int32_t timeout_ms) {
+  if (timeout_ms >= 0) {
+    // Poll through stream::idle() (which queries the device) rather than arming a wait that a
+    // timeout would abandon: an abandoned synchronize would swallow a fault reported later.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    auto nap = std::chrono::microseconds(10);
+    while (!s.s.idle()) {
+      if (std::chrono::steady_clock::now() >= deadline)
+        return fail(ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, api,
+                    "the stream still has work after " + std::to_string(timeout_ms) + " ms");
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+  }
+  auto p = s.s.synchronize();
+  return wait(api, p);
+}
+
+}  // namespace cora::acl

@@ -1,0 +1,259 @@
+// The C API: aclInit / aclFinalize, devices, device synchronization, aclGetRecentErrMsg.
+#include <cstdio>
+#include <filesystem>
+
+#include "support/acl_fixture.hpp"
+
+namespace cora::test {
+namespace {
+
+// --- without a fixture: the life cycle itself ------------------------------------------------------
+
+TEST(acl_init_test, RepeatedInitAndFinalizeReturnTheirCodes) {
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  EXPECT_EQ(aclInit(nullptr), ACL_ERROR_REPEAT_INITIALIZE);  // counted, and reported
+  EXPECT_NE(aclGetRecentErrMsg(), nullptr);
+  EXPECT_EQ(aclFinalize(), ACL_SUCCESS);  // one call releases everything
+  EXPECT_EQ(aclFinalize(), ACL_ERROR_REPEAT_FINALIZE);
+  // Initializing again after a finalize starts over.
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  uint32_t count = 0;
+  EXPECT_EQ(aclrtGetDeviceCount(&count), ACL_SUCCESS);
+  EXPECT_GE(count, 1u);
+  EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
+}
+
+TEST(acl_init_test, FinalizeWithoutInitIsARepeatFinalize) { EXPECT_EQ(aclFinalize(), ACL_ERROR_REPEAT_FINALIZE); }
+
+TEST(acl_init_test, CallsBeforeInitAreUninitialized) {
+  uint32_t count = 0;
+  EXPECT_EQ(aclrtGetDeviceCount(&count), ACL_ERROR_UNINITIALIZE);
+  EXPECT_EQ(aclrtSetDevice(0), ACL_ERROR_UNINITIALIZE);
+  aclrtStream s = nullptr;
+  EXPECT_EQ(aclrtCreateStream(&s), ACL_ERROR_UNINITIALIZE);
+  void* p = nullptr;
+  EXPECT_EQ(aclrtMalloc(&p, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_UNINITIALIZE);
+  EXPECT_EQ(aclrtFree(reinterpret_cast<void*>(0x1000)), ACL_ERROR_UNINITIALIZE);
+  const char* msg = aclGetRecentErrMsg();
+  ASSERT_NE(msg, nullptr);
+  EXPECT_NE(std::string(msg).find("aclrtFree"), std::string::npos) << msg;
+}
+
+TEST(acl_init_test, ConfigFileMustBeReadable) {
+  EXPECT_EQ(aclInit("/nonexistent/acl.json"), ACL_ERROR_INVALID_FILE);
+  const auto path = std::filesystem::temp_directory_path() / "cora_acl_test_config.json";
+  {
+    std::ofstream f(path);
+    f << "{}\n";
+  }
+  EXPECT_EQ(aclInit(path.c_str()), ACL_SUCCESS);
+  EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
+  std::filesystem::remove(path);
+  EXPECT_EQ(aclInit(""), ACL_SUCCESS);  // an empty path means none
+  EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
+}
+
+TEST(acl_init_test, HandlesDieWithFinalize) {
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  void* p = nullptr;
+  ASSERT_EQ(aclrtMalloc(&p, 256, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  ASSERT_EQ(aclFinalize(), ACL_SUCCESS);
+  // Wrong teardown order: everything after aclFinalize is uninitialized...
+  EXPECT_EQ(aclrtFree(p), ACL_ERROR_UNINITIALIZE);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_ERROR_UNINITIALIZE);
+  // ...and after a new aclInit the old handles and the old binding are gone.
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_INVALID_HANDLE);
+  int32_t id = -1;
+  EXPECT_EQ(aclrtGetDevice(&id), ACL_ERROR_RT_CONTEXT_NULL);
+  EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
+}
+
+TEST(acl_init_test, RecentErrorMessageIsPerThread) {
+  on_thread([] { EXPECT_EQ(aclGetRecentErrMsg(), nullptr); });  // nothing failed there yet
+  EXPECT_EQ(aclrtSetDevice(0), ACL_ERROR_UNINITIALIZE);
+  const std::string mine = aclGetRecentErrMsg();
+  EXPECT_NE(mine.find("aclrtSetDevice"), std::string::npos) << mine;
+  on_thread([] {
+    EXPECT_EQ(aclrtGetDeviceCount(nullptr), ACL_ERROR_INVALID_PARAM);
+    const std::string theirs = aclGetRecentErrMsg();
+    EXPECT_NE(theirs.find("aclrtGetDeviceCount"), std::string::npos) << theirs;
+  });
+  EXPECT_EQ(std::string(aclGetRecentErrMsg()), mine);
+}
+
+// --- devices -----------------------------------------------------------------------------------
+
+class acl_device_test : public acl_test {};
+CORA_ACL_SUITE(acl_device_test);
+
+TEST_P(acl_device_test, CountAndCurrentDevice) {
+  uint32_t count = 0;
+  ASSERT_EQ(aclrtGetDeviceCount(&count), ACL_SUCCESS);
+  EXPECT_GT(count, static_cast<uint32_t>(dev_));
+  int32_t id = -1;
+  ASSERT_EQ(aclrtGetDevice(&id), ACL_SUCCESS);
+  EXPECT_EQ(id, dev_);
+  EXPECT_EQ(aclrtGetDevice(nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtGetDeviceCount(nullptr), ACL_ERROR_INVALID_PARAM);
+}
+
+TEST_P(acl_device_test, InvalidDeviceIds) {
+  uint32_t count = 0;
+  ASSERT_EQ(aclrtGetDeviceCount(&count), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSetDevice(-1), ACL_ERROR_RT_INVALID_DEVICEID);
+  EXPECT_EQ(aclrtSetDevice(static_cast<int32_t>(count)), ACL_ERROR_RT_INVALID_DEVICEID);
+  EXPECT_EQ(aclrtResetDevice(static_cast<int32_t>(count)), ACL_ERROR_RT_INVALID_DEVICEID);
+  EXPECT_EQ(aclrtResetDeviceForce(-3), ACL_ERROR_RT_INVALID_DEVICEID);
+}
+
+TEST_P(acl_device_test, BindingIsPerThread) {
+  on_thread([&] {
+    int32_t id = -1;
+    EXPECT_EQ(aclrtGetDevice(&id), ACL_ERROR_RT_CONTEXT_NULL);  // this thread set nothing
+    aclrtStream s = nullptr;
+    EXPECT_EQ(aclrtCreateStream(&s), ACL_ERROR_RT_CONTEXT_NULL);
+    void* p = nullptr;
+    EXPECT_EQ(aclrtMalloc(&p, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_RT_CONTEXT_NULL);
+    ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+    ASSERT_EQ(aclrtGetDevice(&id), ACL_SUCCESS);
+    EXPECT_EQ(id, dev_);
+    EXPECT_EQ(aclrtResetDevice(dev_), ACL_SUCCESS);  // the main thread's reference remains
+  });
+  int32_t id = -1;
+  EXPECT_EQ(aclrtGetDevice(&id), ACL_SUCCESS);
+  void* p = nullptr;
+  ASSERT_EQ(aclrtMalloc(&p, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+}
+
+TEST_P(acl_device_test, ResetReleasesAtTheLastReference) {
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);  // two references now
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtResetDevice(dev_), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);  // still alive
+  ASSERT_EQ(aclrtResetDevice(dev_), ACL_SUCCESS);     // last: releases the device's streams
+  int32_t id = -1;
+  EXPECT_EQ(aclrtGetDevice(&id), ACL_ERROR_RT_CONTEXT_NULL);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtResetDevice(dev_), ACL_ERROR_RT_CONTEXT_NULL);  // nothing left to reset
+  // Setting it again gives a fresh context.
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_device_test, ResetForceIgnoresTheCountOnce) {
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);  // three references
+  aclrtEvent ev = nullptr;
+  ASSERT_EQ(aclrtCreateEvent(&ev), ACL_SUCCESS);
+  ASSERT_EQ(aclrtResetDeviceForce(dev_), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyEvent(ev), ACL_ERROR_RT_INVALID_HANDLE);  // released with the device
+  EXPECT_EQ(aclrtResetDeviceForce(dev_), ACL_ERROR_RT_CONTEXT_NULL);
+  EXPECT_EQ(aclrtResetDevice(dev_), ACL_ERROR_RT_CONTEXT_NULL);
+}
+
+TEST_P(acl_device_test, ResetWaitsForTheDevicesWork) {
+  auto flag = dmalloc(sizeof(uint32_t));
+  ASSERT_EQ(aclrtMemset(flag, 4, 0, 4), ACL_SUCCESS);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  uint64_t us = 100000;
+  void* args[] = {&us, &flag};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("slow"), 1, s, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtResetDevice(dev_), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+  EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);  // the kernel finished before the reset returned
+}
+
+TEST_P(acl_device_test, WrongTeardownOrderGivesInvalidHandles) {
+  aclrtBinHandle bin = load();
+  aclrtFuncHandle fn = function(bin, "add_f32");
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtResetDeviceForce(dev_), ACL_SUCCESS);  // before unloading and destroying
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+  EXPECT_EQ(aclrtBinaryUnLoad(bin), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_ERROR_RT_INVALID_HANDLE);
+  aclrtArgsHandle args = nullptr;
+  EXPECT_EQ(aclrtKernelArgsInit(fn, &args), ACL_ERROR_RT_INVALID_HANDLE);
+}
+
+TEST_P(acl_device_test, SynchronizeDeviceWaitsForEveryStream) {
+  aclrtStream a = nullptr, b = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&a), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&b), ACL_SUCCESS);
+  auto flags = dmalloc(3 * sizeof(uint32_t));
+  ASSERT_EQ(aclrtMemset(flags, 12, 0, 12), ACL_SUCCESS);
+  uint64_t us = 50000;
+  void* fa = flags;
+  void* fb = static_cast<uint32_t*>(flags) + 1;
+  void* fc = static_cast<uint32_t*>(flags) + 2;
+  void* args_a[] = {&us, &fa};
+  void* args_b[] = {&us, &fb};
+  void* args_c[] = {&us, &fc};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("slow"), 1, a, nullptr, args_a), ACL_SUCCESS);
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("slow"), 1, b, nullptr, args_b), ACL_SUCCESS);
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("slow"), 1, nullptr, nullptr, args_c), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeDevice(), ACL_SUCCESS);
+  EXPECT_EQ(download<uint32_t>(flags, 3), (std::vector<uint32_t>{1, 1, 1}));
+}
+
+TEST_P(acl_device_test, SynchronizeDeviceReportsAFault) {
+  isolated_fault([&] {
+    auto out = dmalloc(64);
+    aclrtFuncHandle empty = kernel("empty");
+    void* args[] = {&out};
+    ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, nullptr, nullptr, args), ACL_SUCCESS);
+    EXPECT_EQ(aclrtSynchronizeDevice(), ACL_ERROR_RT_AICORE_EXCEPTION);
+    EXPECT_EQ(aclrtSynchronizeDevice(), ACL_SUCCESS);  // reported once
+    // The CPU device goes on; a GPU is lost, and new work fails at once.
+    EXPECT_EQ(aclrtLaunchKernelWithArgsArray(empty, 1, nullptr, nullptr, nullptr),
+              cuda() ? ACL_ERROR_RT_LOST_HEARTBEAT : ACL_SUCCESS);
+  });
+}
+
+TEST_P(acl_device_test, SynchronizeDeviceWithTimeout) {
+  EXPECT_EQ(aclrtSynchronizeDeviceWithTimeout(-2), ACL_ERROR_RT_PARAM_INVALID);
+  auto flag = dmalloc(sizeof(uint32_t));
+  ASSERT_EQ(aclrtMemset(flag, 4, 0, 4), ACL_SUCCESS);
+  uint64_t us = 300000;
+  void* args[] = {&us, &flag};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("slow"), 1, nullptr, nullptr, args), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeDeviceWithTimeout(1), ACL_ERROR_RT_STREAM_SYNC_TIMEOUT);
+  EXPECT_EQ(aclrtSynchronizeDeviceWithTimeout(-1), ACL_SUCCESS);
+  EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);
+  EXPECT_EQ(aclrtSynchronizeDeviceWithTimeout(1000), ACL_SUCCESS);  // nothing left
+}
+
+class acl_two_devices : public acl_two_device_test {};
+CORA_ACL_SUITE(acl_two_devices);
+
+TEST_P(acl_two_devices, ThreadsBindDifferentDevices) {
+  const int32_t other = devices_[1];
+  on_thread([&] {
+    ASSERT_EQ(aclrtSetDevice(other), ACL_SUCCESS);
+    int32_t id = -1;
+    ASSERT_EQ(aclrtGetDevice(&id), ACL_SUCCESS);
+    EXPECT_EQ(id, other);
+  });
+  int32_t id = -1;
+  ASSERT_EQ(aclrtGetDevice(&id), ACL_SUCCESS);
+  EXPECT_EQ(id, dev_);
+  // Switching the binding keeps both references.
+  ASSERT_EQ(aclrtSetDevice(other), ACL_SUCCESS);
+  ASSERT_EQ(aclrtGetDevice(&id), ACL_SUCCESS);
+  EXPECT_EQ(id, other);
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+  void* p = nullptr;
+  ASSERT_EQ(aclrtMalloc(&p, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+}
+
+}  // namespace
+}  // namespace cora::test

@@ -1,0 +1,165 @@
+// The C API: device and host memory, copies and fills.
+#include <numeric>
+
+#include "support/acl_c_api.h"
+#include "support/acl_fixture.hpp"
+
+namespace cora::test {
+namespace {
+
+class acl_memory_test : public acl_test {};
+CORA_ACL_SUITE(acl_memory_test);
+
+TEST_P(acl_memory_test, MallocAndFree) {
+  for (int policy : std::initializer_list<int>{ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_HUGE_ONLY, ACL_MEM_MALLOC_NORMAL_ONLY,
+                     ACL_MEM_MALLOC_HUGE_FIRST_P2P, ACL_MEM_MALLOC_HUGE_ONLY_P2P, ACL_MEM_MALLOC_NORMAL_ONLY_P2P,
+                     ACL_MEM_MALLOC_HUGE1G_ONLY, ACL_MEM_MALLOC_HUGE1G_ONLY_P2P,
+                     ACL_MEM_MALLOC_HUGE_FIRST | ACL_MEM_TYPE_HIGH_BAND_WIDTH}) {
+    void* p = nullptr;
+    ASSERT_EQ(aclrtMalloc(&p, 1000, static_cast<aclrtMemMallocPolicy>(policy)), ACL_SUCCESS) << policy;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u);  // CANN's alignment
+    EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+  }
+}
+
+TEST_P(acl_memory_test, MallocMisuse) {
+  void* p = nullptr;
+  EXPECT_EQ(aclrtMalloc(nullptr, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtMalloc(&p, 0, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtMalloc(&p, 64, ACL_MEM_ACCESS_USER_SPACE_READONLY), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtMalloc(&p, std::size_t{1} << 62, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_RT_MEMORY_ALLOCATION);
+  // A policy outside the enum picks pages by size in CANN: accepted; with the read-only bit: not.
+  ASSERT_EQ(acl_c_malloc(&p, 64, 0x400000), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+  EXPECT_EQ(acl_c_malloc(&p, 64, 0x500000), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+}
+
+TEST_P(acl_memory_test, FreeMisuse) {
+  EXPECT_EQ(aclrtFree(nullptr), ACL_ERROR_INVALID_PARAM);
+  void* p = dmalloc(128);
+  ASSERT_EQ(aclrtFree(p), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(p), ACL_ERROR_RT_PARAM_INVALID);  // double free
+  int host = 0;
+  EXPECT_EQ(aclrtFree(&host), ACL_ERROR_RT_PARAM_INVALID);
+  void* h = nullptr;
+  ASSERT_EQ(aclrtMallocHost(&h, 64), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(h), ACL_ERROR_RT_PARAM_INVALID);  // host memory goes to aclrtFreeHost
+  EXPECT_EQ(aclrtFreeHost(h), ACL_SUCCESS);
+}
+
+TEST_P(acl_memory_test, HostMemory) {
+  void* h = nullptr;
+  EXPECT_EQ(aclrtMallocHost(nullptr, 64), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtMallocHost(&h, 0), ACL_ERROR_INVALID_PARAM);
+  ASSERT_EQ(aclrtMallocHost(&h, 4096), ACL_SUCCESS);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(h) % 64, 0u);
+  std::memset(h, 0x5a, 4096);  // host-accessible
+  EXPECT_EQ(aclrtFreeHost(h), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFreeHost(h), ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_EQ(aclrtFreeHost(nullptr), ACL_ERROR_INVALID_PARAM);
+  int not_pinned = 0;
+  EXPECT_EQ(aclrtFreeHost(&not_pinned), ACL_ERROR_RT_PARAM_INVALID);
+}
+
+TEST_P(acl_memory_test, CopiesInEveryDirection) {
+  const std::size_t n = 100000;
+  std::vector<uint32_t> src(n);
+  std::iota(src.begin(), src.end(), 11u);
+  void* pinned = nullptr;
+  ASSERT_EQ(aclrtMallocHost(&pinned, n * 4), ACL_SUCCESS);
+  void* d1 = dmalloc(n * 4);
+  void* d2 = dmalloc(n * 4);
+  // The kind is only checked for range: the addresses decide, so even a "wrong" kind works.
+  ASSERT_EQ(aclrtMemcpy(pinned, n * 4, src.data(), n * 4, ACL_MEMCPY_HOST_TO_HOST), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpy(d1, n * 4, pinned, n * 4, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpy(d2, n * 4, d1, n * 4, ACL_MEMCPY_DEVICE_TO_DEVICE), ACL_SUCCESS);
+  std::vector<uint32_t> back(n, 0);
+  ASSERT_EQ(aclrtMemcpy(back.data(), n * 4, d2, n * 4, ACL_MEMCPY_DEFAULT), ACL_SUCCESS);
+  EXPECT_EQ(back, src);
+  std::fill(back.begin(), back.end(), 0u);
+  ASSERT_EQ(aclrtMemcpy(back.data(), n * 4, d1, n * 4, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);
+  EXPECT_EQ(back, src);
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+}
+
+TEST_P(acl_memory_test, CopyMisuse) {
+  void* d = dmalloc(256);
+  char h[512] = {};
+  EXPECT_EQ(aclrtMemcpy(nullptr, 256, h, 256, ACL_MEMCPY_HOST_TO_DEVICE), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtMemcpy(d, 256, nullptr, 256, ACL_MEMCPY_HOST_TO_DEVICE), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(acl_c_memcpy(d, 256, h, 256, 8), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(acl_c_memcpy(d, 256, h, 256, -1), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(acl_c_memcpy(d, 256, h, 256, ACL_MEMCPY_INTER_DEVICE_TO_DEVICE), ACL_SUCCESS);
+  EXPECT_EQ(aclrtMemcpy(d, 128, h, 256, ACL_MEMCPY_HOST_TO_DEVICE), ACL_ERROR_INVALID_PARAM);  // > destMax
+  EXPECT_EQ(aclrtMemcpy(d, 256, h, 0, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);  // nothing to do
+  // Past the end of the allocation, and from freed memory: the core's checks.
+  EXPECT_EQ(aclrtMemcpy(d, 512, h, 512, ACL_MEMCPY_HOST_TO_DEVICE), ACL_ERROR_RT_PARAM_INVALID);
+  void* gone = dmalloc(256);
+  ASSERT_EQ(aclrtFree(gone), ACL_SUCCESS);
+  if (!cuda()) {  // the CPU device knows its freed addresses; a GPU may reuse them at once
+    EXPECT_EQ(aclrtMemcpy(h, 256, gone, 256, ACL_MEMCPY_DEVICE_TO_HOST), ACL_ERROR_RT_PARAM_INVALID);
+  }
+  EXPECT_EQ(acl_c_memcpy_async(d, 256, h, 256, 9, nullptr), ACL_ERROR_INVALID_PARAM);
+  int not_a_stream = 0;
+  EXPECT_EQ(aclrtMemcpyAsync(d, 256, h, 256, ACL_MEMCPY_HOST_TO_DEVICE, &not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  on_thread([&] {
+    EXPECT_EQ(aclrtMemcpy(d, 256, h, 256, ACL_MEMCPY_HOST_TO_DEVICE), ACL_ERROR_RT_CONTEXT_NULL);
+  });
+}
+
+TEST_P(acl_memory_test, AsyncCopiesFollowStreamOrder) {
+  const std::size_t n = 1 << 16;
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  uint32_t* in = nullptr;
+  uint32_t* out = nullptr;
+  ASSERT_EQ(aclrtMallocHost(reinterpret_cast<void**>(&in), n * 4), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMallocHost(reinterpret_cast<void**>(&out), n * 4), ACL_SUCCESS);
+  for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<uint32_t>(i * 3);
+  void* d = dmalloc(n * 4);
+  ASSERT_EQ(aclrtMemcpyAsync(d, n * 4, in, n * 4, ACL_MEMCPY_HOST_TO_DEVICE, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemsetAsync(d, n * 4, 0xff, 16, s), ACL_SUCCESS);  // first 4 elements
+  ASSERT_EQ(aclrtMemcpyAsync(out, n * 4, d, n * 4, ACL_MEMCPY_DEVICE_TO_HOST, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], i < 4 ? 0xffffffffu : i * 3) << i;
+  EXPECT_EQ(aclrtFreeHost(in), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFreeHost(out), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_memory_test, AsyncCopyIntoPageableMemoryIsDoneOnReturn) {
+  const std::size_t n = 1 << 15;
+  std::vector<uint32_t> src(n);
+  std::iota(src.begin(), src.end(), 5u);
+  void* d = upload(src);
+  std::vector<uint32_t> dst(n, 0);  // ordinary (pageable) memory: CANN completes the copy first
+  ASSERT_EQ(aclrtMemcpyAsync(dst.data(), n * 4, d, n * 4, ACL_MEMCPY_DEVICE_TO_HOST, nullptr), ACL_SUCCESS);
+  EXPECT_EQ(dst, src);
+}
+
+TEST_P(acl_memory_test, Memset) {
+  void* d = dmalloc(1024);
+  ASSERT_EQ(aclrtMemset(d, 1024, 0x3c, 1024), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemset(d, 1024, 0x01, 10), ACL_SUCCESS);
+  const auto v = download<uint8_t>(d, 1024);
+  for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], i < 10 ? 0x01 : 0x3c) << i;
+  EXPECT_EQ(aclrtMemset(nullptr, 16, 0, 16), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtMemset(d, 16, 0, 32), ACL_ERROR_INVALID_PARAM);  // count > maxCount
+  EXPECT_EQ(aclrtMemset(d, 16, 0, 0), ACL_SUCCESS);
+  EXPECT_EQ(aclrtMemset(d, 4096, 0, 4096), ACL_ERROR_RT_PARAM_INVALID);  // past the allocation
+  EXPECT_EQ(aclrtMemsetAsync(d, 16, 0, 32, nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtMemsetAsync(nullptr, 16, 0, 16, nullptr), ACL_ERROR_INVALID_PARAM);
+}
+
+class acl_memory_two_devices : public acl_two_device_test {};
+CORA_ACL_SUITE(acl_memory_two_devices);
+
+TEST_P(acl_memory_two_devices, FreeFindsTheOwningDevice) {
+  void* p = dmalloc(64);
+  ASSERT_EQ(aclrtSetDevice(devices_[1]), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);  // allocated on the first device
+  EXPECT_EQ(aclrtFree(p), ACL_ERROR_RT_PARAM_INVALID);
+}
+
+}  // namespace
+}  // namespace cora::test

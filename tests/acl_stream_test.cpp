@@ -1,0 +1,204 @@
+// The C API: streams.
+#include "support/acl_fixture.hpp"
+
+namespace cora::test {
+namespace {
+
+class acl_stream_test : public acl_test {
+ protected:
+  // Launches `slow` (one block, `us` microseconds) that sets *flag when done.
+  void launch_slow(aclrtStream s, void* flag, uint64_t us) {
+    void* args[] = {&us, &flag};
+    ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("slow"), 1, s, nullptr, args), ACL_SUCCESS)
+        << aclGetRecentErrMsg();
+  }
+  void* zeroed_flag() {
+    void* f = dmalloc(sizeof(uint32_t));
+    EXPECT_EQ(aclrtMemset(f, 4, 0, 4), ACL_SUCCESS);
+    return f;
+  }
+};
+CORA_ACL_SUITE(acl_stream_test);
+
+TEST_P(acl_stream_test, CreateUseDestroy) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_NE(s, nullptr);
+  auto b = make_add(4096);
+  void* args[] = {&b.x, &b.y, &b.z, &b.n};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("add_f32"), 4, s, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_TRUE(add_done(b));
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, MisuseCodes) {
+  EXPECT_EQ(aclrtCreateStream(nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtDestroyStream(nullptr), ACL_ERROR_INVALID_PARAM);  // the default stream stays
+  EXPECT_EQ(aclrtDestroyStreamForce(nullptr), ACL_ERROR_INVALID_PARAM);
+  int not_a_stream = 0;
+  EXPECT_EQ(aclrtDestroyStream(&not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtSynchronizeStream(&not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_ERROR_RT_INVALID_HANDLE);  // double destroy
+  EXPECT_EQ(aclrtDestroyStreamForce(s), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_INVALID_HANDLE);  // use after destroy
+  aclrtStreamStatus status;
+  EXPECT_EQ(aclrtStreamQuery(s, &status), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtStreamQuery(nullptr, nullptr), ACL_ERROR_INVALID_PARAM);
+}
+
+TEST_P(acl_stream_test, CreateWithConfig) {
+  aclrtStream s = nullptr;
+  EXPECT_EQ(aclrtCreateStreamWithConfig(nullptr, 0, 0), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtCreateStreamWithConfig(&s, 8, 0), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtCreateStreamWithConfig(&s, 3, 0), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  for (uint32_t flag : {ACL_STREAM_PERSISTENT, ACL_STREAM_HUGE, ACL_STREAM_CPU_SCHEDULE, ACL_STREAM_DEVICE_USE_ONLY})
+    EXPECT_EQ(aclrtCreateStreamWithConfig(&s, 0, flag | ACL_STREAM_FAST_LAUNCH), ACL_ERROR_RT_FEATURE_NOT_SUPPORT)
+        << flag;
+  ASSERT_EQ(aclrtCreateStreamWithConfig(&s, 0, ACL_STREAM_FAST_LAUNCH | ACL_STREAM_FAST_SYNC), ACL_SUCCESS);
+  auto flag = zeroed_flag();
+  launch_slow(s, flag, 1000);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, DestroyWaitsAndForceDoesNot) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  auto flag = zeroed_flag();
+  launch_slow(s, flag, 50000);
+  ASSERT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+  EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);  // finished before DestroyStream returned
+
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  auto flag2 = zeroed_flag();
+  aclrtEvent done = nullptr;
+  ASSERT_EQ(aclrtCreateEvent(&done), ACL_SUCCESS);
+  launch_slow(s, flag2, 500000);
+  ASSERT_EQ(aclrtRecordEvent(done, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtDestroyStreamForce(s), ACL_SUCCESS);
+  aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_COMPLETE;
+  ASSERT_EQ(aclrtQueryEventStatus(done, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_EVENT_RECORDED_STATUS_NOT_READY);  // still running: Force did not wait
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_INVALID_HANDLE);
+  ASSERT_EQ(aclrtSynchronizeDevice(), ACL_SUCCESS);  // the device still finishes the work
+  EXPECT_EQ(download<uint32_t>(flag2, 1)[0], 1u);
+}
+
+TEST_P(acl_stream_test, SynchronizeWithTimeout) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(s, -2), ACL_ERROR_RT_PARAM_INVALID);
+  auto flag = zeroed_flag();
+  launch_slow(s, flag, 300000);
+  EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(s, 1), ACL_ERROR_RT_STREAM_SYNC_TIMEOUT);
+  EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(s, -1), ACL_SUCCESS);
+  EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);
+  EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(s, 0), ACL_SUCCESS);  // idle: at once
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, TimeoutDoesNotSwallowAFault) {
+  isolated_fault([&] {
+    aclrtStream s = nullptr;
+    ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+    auto flag = zeroed_flag();
+    launch_slow(s, flag, 200000);
+    auto out = dmalloc(64);
+    void* args[] = {&out};
+    ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, args), ACL_SUCCESS);
+    EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(s, 1), ACL_ERROR_RT_STREAM_SYNC_TIMEOUT);
+    EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+    EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+  });
+}
+
+TEST_P(acl_stream_test, QueryTellsIdleFromBusy) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  aclrtStreamStatus status = ACL_STREAM_STATUS_RESERVED;
+  ASSERT_EQ(aclrtStreamQuery(s, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_STREAM_STATUS_COMPLETE);
+  auto flag = zeroed_flag();
+  launch_slow(s, flag, 300000);
+  ASSERT_EQ(aclrtStreamQuery(s, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_STREAM_STATUS_NOT_READY);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtStreamQuery(s, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_STREAM_STATUS_COMPLETE);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, DefaultStreamIsTheNullHandle) {
+  auto b = make_add(1000);
+  void* args[] = {&b.x, &b.y, &b.z, &b.n};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("add_f32"), 2, nullptr, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+  EXPECT_TRUE(add_done(b));
+}
+
+TEST_P(acl_stream_test, FaultSurfacesAtTheNextSynchronize) {
+  isolated_fault([&] {
+    aclrtStream s = nullptr;
+    ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+    auto b = make_add(512);
+    aclrtFuncHandle add = kernel("add_f32");  // looked up before the fault
+    auto out = dmalloc(64);
+    void* targs[] = {&out};
+    ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, targs), ACL_SUCCESS);
+    EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+    const std::string msg = aclGetRecentErrMsg();
+    EXPECT_NE(msg.find("aclrtSynchronizeStream"), std::string::npos) << msg;
+    void* args[] = {&b.x, &b.y, &b.z, &b.n};
+    if (cuda()) {
+      // The fault lost the GPU: new work fails at once.
+      EXPECT_EQ(aclrtLaunchKernelWithArgsArray(add, 2, s, nullptr, args), ACL_ERROR_RT_LOST_HEARTBEAT);
+      return;
+    }
+    // The CPU device reports a fault once and goes on.
+    EXPECT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+    ASSERT_EQ(aclrtLaunchKernelWithArgsArray(add, 2, s, nullptr, args), ACL_SUCCESS);
+    ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+    EXPECT_TRUE(add_done(b));
+    EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+  });
+}
+
+TEST_P(acl_stream_test, StreamsAreSharedByTheDevicesThreads) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  auto b = make_add(2048);
+  on_thread([&] {
+    ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+    void* args[] = {&b.x, &b.y, &b.z, &b.n};
+    ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("add_f32"), 2, s, nullptr, args), ACL_SUCCESS);
+    EXPECT_EQ(aclrtResetDevice(dev_), ACL_SUCCESS);
+  });
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_TRUE(add_done(b));
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+class acl_stream_two_devices : public acl_two_device_test {};
+CORA_ACL_SUITE(acl_stream_two_devices);
+
+TEST_P(acl_stream_two_devices, DestroyOfAForeignStreamIsRefused) {
+  aclrtStream mine = nullptr, foreign = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&mine), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(devices_[1]), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&foreign), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(foreign), ACL_ERROR_RT_STREAM_CONTEXT);
+  EXPECT_EQ(aclrtDestroyStreamForce(foreign), ACL_ERROR_RT_STREAM_CONTEXT);
+  on_thread([&] { EXPECT_EQ(aclrtDestroyStream(mine), ACL_ERROR_RT_CONTEXT_NULL); });  // no device there
+  EXPECT_EQ(aclrtDestroyStream(mine), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(devices_[1]), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(foreign), ACL_SUCCESS);
+}
+
+}  // namespace
+}  // namespace cora::test

@@ -1,0 +1,24 @@
+/* Calls of the C API made from C (tests/support/acl_c_api.c), where an enum parameter may
+ * carry any int: the C++ tests reach out-of-range enum values only through these. */
+#ifndef CORA_TESTS_SUPPORT_ACL_C_API_H_
+#define CORA_TESTS_SUPPORT_ACL_C_API_H_
+
+#include <acl/acl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+aclError acl_c_malloc(void** devPtr, size_t size, int policy);
+aclError acl_c_memcpy(void* dst, size_t destMax, const void* src, size_t count, int kind);
+aclError acl_c_memcpy_async(void* dst, size_t destMax, const void* src, size_t count, int kind, aclrtStream stream);
+aclError acl_c_launch_callback(aclrtCallback fn, void* userData, int blockType, aclrtStream stream);
+void acl_c_set_load_option_type(aclrtBinaryLoadOption* option, int type);
+void acl_c_set_attr_id(aclrtLaunchKernelAttr* attr, int id);
+void acl_c_set_engine_type(aclrtLaunchKernelAttr* attr, int engine);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

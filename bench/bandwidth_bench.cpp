@@ -166,13 +166,13 @@ const bool registered = cb::at_start([] {
       const std::string base = "bandwidth/" + d.tag + "/" + label + "/";
 #if defined(CORA_HAS_CUDA)
       if (d.backend == cora::backend_kind::cuda)
-        benchmark::RegisterBenchmark((base + "raw").c_str(), [o = d.ordinal, w = w](benchmark::State& st) { raw_gpu(st, o, w); })
+        benchmark::RegisterBenchmark((base + "raw").c_str(), [o = d.ordinal, w = w](benchmark::State& st) { cb::guarded(st, [&] { raw_gpu(st, o, w); }); })
             ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
 #endif
       if (d.backend == cora::backend_kind::cpu)
-        benchmark::RegisterBenchmark((base + "raw").c_str(), [w = w](benchmark::State& st) { raw_cpu(st, w); })
+        benchmark::RegisterBenchmark((base + "raw").c_str(), [w = w](benchmark::State& st) { cb::guarded(st, [&] { raw_cpu(st, w); }); })
             ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark((base + "cora").c_str(), [i = d.index, w = w](benchmark::State& st) { cora_bw(st, i, w); })
+      benchmark::RegisterBenchmark((base + "cora").c_str(), [i = d.index, w = w](benchmark::State& st) { cb::guarded(st, [&] { cora_bw(st, i, w); }); })
           ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
     }
   }

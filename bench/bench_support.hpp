@@ -8,8 +8,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <functional>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cora/binary.hpp>
@@ -65,11 +69,42 @@ const std::vector<bench_device>& devices();
 /// A runtime over the same devices, with completion policy `p` (environment ignored).
 runtime_options options_for(completion_policy p);
 
+/// Runs `fn` and turns an exception into a skipped benchmark with its message, so one failing
+/// benchmark neither ends the program nor spoils the JSON output of the others.
+template <class F>
+void guarded(benchmark::State& state, F&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+/// Runs fn(i) for i in [0, n) on n threads and joins them; rethrows the first exception one of
+/// them threw.
+template <class F>
+void on_threads(int n, F fn) {
+  std::exception_ptr first;
+  std::mutex m;
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard lock(m);
+        if (!first) first = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
 /// Registers `name` running f(state, args...) once (the function runs its own loop and sets
 /// its counters), timed in real time, reported in milliseconds.
 template <class F, class... A>
 benchmark::internal::Benchmark* register_once(const std::string& name, F f, A... args) {
-  return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { f(s, args...); })
+  return benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { guarded(s, [&] { f(s, args...); }); })
       ->Iterations(1)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);

@@ -50,9 +50,7 @@ void raw_cpu_threads(benchmark::State& state, int threads) {
   for (auto _ : state) {
     window w;
     std::atomic<std::uint64_t> total{0};
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&] {
+    cb::on_threads(threads, [&](int) {
         std::vector<float> host_in(2 * elements, 1.0f), host_out(elements), dev_in(2 * elements), dev_out(elements);
         std::uint64_t n = 0;
         for (auto now = clk::now(); now < w.end; now = clk::now()) {
@@ -64,7 +62,6 @@ void raw_cpu_threads(benchmark::State& state, int threads) {
         }
         total += n;
       });
-    for (auto& t : ts) t.join();
     report(state, w, total, "plain threads");
   }
 }
@@ -122,9 +119,7 @@ void raw_cuda_threads(benchmark::State& state, std::size_t ordinal, int threads)
   for (auto _ : state) {
     window w;
     std::atomic<std::uint64_t> total{0};
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&] {
+    cb::on_threads(threads, [&](int) {
         r.bind();
         raw_slot s(r);
         std::uint64_t n = 0;
@@ -135,7 +130,6 @@ void raw_cuda_threads(benchmark::State& state, std::size_t ordinal, int threads)
         }
         total += n;
       });
-    for (auto& t : ts) t.join();
     report(state, w, total, "thread per request, blocking sync");
   }
 }
@@ -232,10 +226,14 @@ void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int
       cora::spawn(ctx, client(c, i), [](std::exception_ptr e) {
         if (e) std::rethrow_exception(e);
       });
-    std::vector<std::thread> ts;
-    for (int t = 1; t < threads; ++t) ts.emplace_back([&] { ctx.run(); });
-    ctx.run();
-    for (auto& t : ts) t.join();
+    cb::on_threads(threads, [&](int) {
+      try {
+        ctx.run();
+      } catch (...) {
+        ctx.stop();  // a client failed: end the run on every thread
+        throw;
+      }
+    });
     report(state, c.w, c.total, batch > 1 ? "batched" : "");
   }
   for (auto& s : c.streams) s.synchronize().wait();

@@ -174,16 +174,16 @@ const bool registered = cb::at_start([] {
       for (auto [how, n] : {std::pair{raw_wait::event_spin, "raw_event_spin"}, std::pair{raw_wait::stream_sync, "raw_stream_sync"},
                             std::pair{raw_wait::host_func, "raw_host_func"}})
         benchmark::RegisterBenchmark((base + n).c_str(), [o = d.ordinal, h = how](benchmark::State& st) {
-          raw_empty_launch(st, o, h);
+          cb::guarded(st, [&] { raw_empty_launch(st, o, h); });
         })->UseRealTime();
       raw_name = base + "raw_event_spin/real_time";
     }
 #endif
     for (auto p : policies) {
       const std::string co = base + "cora_co_await/" + cora::to_string(p), aw = base + "cora_async_wait/" + cora::to_string(p);
-      benchmark::RegisterBenchmark(co.c_str(), [i = d.index, p](benchmark::State& st) { co_await_empty_launch(st, i, p); })
+      benchmark::RegisterBenchmark(co.c_str(), [i = d.index, p](benchmark::State& st) { cb::guarded(st, [&] { co_await_empty_launch(st, i, p); }); })
           ->UseRealTime();
-      benchmark::RegisterBenchmark(aw.c_str(), [i = d.index, p](benchmark::State& st) { async_wait_empty_launch(st, i, p); })
+      benchmark::RegisterBenchmark(aw.c_str(), [i = d.index, p](benchmark::State& st) { cb::guarded(st, [&] { async_wait_empty_launch(st, i, p); }); })
           ->UseRealTime();
       cb::compare(co + "/real_time", raw_name);
       cb::compare(aw + "/real_time", raw_name);

@@ -59,18 +59,12 @@ struct meter {
 
 /// Runs `waiter(i, rounds, meter*)` on K threads, metering after a warm-up round each.
 template <class F>
-void on_threads(benchmark::State& state, int k, const std::string& label, F waiter) {
+void metered(benchmark::State& state, int k, const std::string& label, F waiter) {
   for (auto _ : state) {
     meter mt;
-    {
-      std::vector<std::thread> ts;
-      for (int i = 0; i < k; ++i) ts.emplace_back([&, i] { waiter(i, warm_rounds, nullptr); });
-      for (auto& t : ts) t.join();
-    }
+    cb::on_threads(k, [&](int i) { waiter(i, warm_rounds, nullptr); });
     mt.start();
-    std::vector<std::thread> ts;
-    for (int i = 0; i < k; ++i) ts.emplace_back([&, i] { waiter(i, rounds(), &mt); });
-    for (auto& t : ts) t.join();
+    cb::on_threads(k, [&](int i) { waiter(i, rounds(), &mt); });
     mt.stop();
     mt.report(state, label);
   }
@@ -85,7 +79,7 @@ void busy_for(std::uint64_t us) {
 }
 
 void raw_cpu(benchmark::State& state, int k, bool spin) {
-  on_threads(state, k, spin ? "worker thread, waiter spins on a flag" : "worker thread, waiter blocks on a future",
+  metered(state, k, spin ? "worker thread, waiter spins on a flag" : "worker thread, waiter blocks on a future",
              [spin](int, int n, meter* mt) {
                for (int r = 0; r < n; ++r) {
                  const auto t0 = clk::now();
@@ -121,7 +115,7 @@ cb::raw_cuda& raw(std::size_t ordinal) {
 void raw_cuda_wait(benchmark::State& state, std::size_t ordinal, int k, bool spin) {
   auto& r = raw(ordinal);
   const CUfunction slow = r.function("slow");
-  on_threads(state, k, spin ? "busy cuEventQuery" : "blocking-sync event, cuEventSynchronize",
+  metered(state, k, spin ? "busy cuEventQuery" : "blocking-sync event, cuEventSynchronize",
              [&](int, int n, meter* mt) {
                r.bind();
                CUstream s = r.make_stream();

@@ -114,29 +114,39 @@ cb::raw_cuda& raw(std::size_t ordinal) {
 
 void raw_cuda_wait(benchmark::State& state, std::size_t ordinal, int k, bool spin) {
   auto& r = raw(ordinal);
+  r.bind();
   const CUfunction slow = r.function("slow");
-  metered(state, k, spin ? "busy cuEventQuery" : "blocking-sync event, cuEventSynchronize",
-             [&](int, int n, meter* mt) {
-               r.bind();
-               CUstream s = r.make_stream();
-               CUevent e = r.make_event(CU_EVENT_DISABLE_TIMING | (spin ? 0u : unsigned{CU_EVENT_BLOCKING_SYNC}));
-               CUdeviceptr flag = r.alloc(sizeof(std::uint32_t));
-               std::uint64_t us = kernel_us();
-               auto p = cb::params(us, flag);
-               for (int i = 0; i < n; ++i) {
-                 const auto t0 = clk::now();
-                 cb::check(r.api().cuLaunchKernel(slow, 1, 1, 1, 1, 1, 1, 0, s, p.data(), nullptr), "cuLaunchKernel");
-                 cb::check(r.api().cuEventRecord(e, s), "cuEventRecord");
-                 if (spin)
-                   r.spin(e);
-                 else
-                   cb::check(r.api().cuEventSynchronize(e), "cuEventSynchronize");
-                 if (mt) mt->late(clk::now() - t0);
-               }
-               r.api().cuMemFree(flag);
-               r.api().cuEventDestroy(e);
-               r.api().cuStreamDestroy(s);
-             });
+  // Each waiter's stream, event and flag, made before anything is metered.
+  std::vector<CUstream> streams(static_cast<std::size_t>(k));
+  std::vector<CUevent> events(streams.size());
+  std::vector<CUdeviceptr> flags(streams.size());
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    streams[i] = r.make_stream();
+    events[i] = r.make_event(CU_EVENT_DISABLE_TIMING | (spin ? 0u : unsigned{CU_EVENT_BLOCKING_SYNC}));
+    flags[i] = r.alloc(sizeof(std::uint32_t));
+  }
+  metered(state, k, spin ? "busy cuEventQuery" : "blocking-sync event, cuEventSynchronize", [&](int w, int n, meter* mt) {
+    r.bind();
+    const auto i = static_cast<std::size_t>(w);
+    std::uint64_t us = kernel_us();
+    CUdeviceptr flag = flags[i];
+    auto p = cb::params(us, flag);
+    for (int round = 0; round < n; ++round) {
+      const auto t0 = clk::now();
+      cb::check(r.api().cuLaunchKernel(slow, 1, 1, 1, 1, 1, 1, 0, streams[i], p.data(), nullptr), "cuLaunchKernel");
+      cb::check(r.api().cuEventRecord(events[i], streams[i]), "cuEventRecord");
+      if (spin)
+        r.spin(events[i]);
+      else
+        cb::check(r.api().cuEventSynchronize(events[i]), "cuEventSynchronize");
+      if (mt) mt->late(clk::now() - t0);
+    }
+  });
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    r.api().cuMemFree(flags[i]);
+    r.api().cuEventDestroy(events[i]);
+    r.api().cuStreamDestroy(streams[i]);
+  }
 }
 #endif
 

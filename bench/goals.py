@@ -92,8 +92,9 @@ def goals_for(results, tag, roundtrip_tool):
 
     # 2. Small pipelines.
     rk, rv = best(results, f"pipeline/{tag}/raw_", "per_s")
-    ck, cv = best(results, f"pipeline/{tag}/cora/", "per_s",
-                  lambda k: int(re.search(r"/K:(\d+)", k).group(1)) <= 4)
+    ck, cv = best(results, f"pipeline/{tag}/cora", "per_s",
+                  lambda k: re.match(rf"pipeline/{tag}/cora(_spin)?/K:(\d+)/", k) is not None
+                  and int(re.search(r"/K:(\d+)", k).group(1)) <= 4)
     bk, bv = best(results, f"pipeline/{tag}/cora_batched/", "per_s")
     short = lambda k: k.split("/", 2)[2] if k else "-"
     ratio_row("small pipelines/s, best cora (K <= 4) / best raw", cv, rv, 1.0, True,

@@ -4,7 +4,8 @@
 // and loop. cora: C coroutines on an io_context run by K threads, over a pool of streams; and
 // the same with B pipelines merged into one copy, one launch and one copy back (batched).
 //
-// Settings: CORA_BENCH_SECONDS (per configuration, default 0.3), CORA_BENCH_BATCH (16).
+// Settings: CORA_BENCH_SECONDS (per configuration, default 0.3), CORA_BENCH_BATCH (the
+// second batch size, 64; the first is 16).
 #include <asio/io_context.hpp>
 
 #include <atomic>
@@ -30,6 +31,7 @@ constexpr std::size_t out_bytes = elements * sizeof(float);
 /// The measured window: the first 10 % of the run warms up and is not counted.
 struct window {
   window() {
+    cpu0 = cb::process_cpu_seconds();
     const double s = cb::env_double("CORA_BENCH_SECONDS", 0.3);
     start = clk::now();
     from = start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(0.1 * s));
@@ -37,10 +39,13 @@ struct window {
   }
   double seconds() const { return std::chrono::duration<double>(end - from).count(); }
   clk::time_point start, from, end;
+  double cpu0 = 0;  // process CPU seconds at the start
 };
 
 void report(benchmark::State& state, const window& w, std::uint64_t pipelines, const std::string& label) {
   state.counters["per_s"] = static_cast<double>(pipelines) / w.seconds();
+  // CPU of the whole process (every thread, the driver's included) per wall-second of the run.
+  state.counters["cpu_s_per_s"] = (cb::process_cpu_seconds() - w.cpu0) / cb::seconds_since(w.start);
   state.SetLabel(label);
 }
 
@@ -205,8 +210,8 @@ cora::task<void> client(cora_setup& c, std::size_t i) {
   c.total += done;
 }
 
-void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int coroutines, int batch) {
-  const auto policy = cora::completion_policy::hybrid;
+void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int coroutines, int batch,
+                    cora::completion_policy policy) {
   auto& dev = cb::shared_runtime(policy).device(index);
   const bool cuda = dev.backend() == cora::backend_kind::cuda;
   const std::size_t clients = static_cast<std::size_t>(coroutines), b = static_cast<std::size_t>(batch);
@@ -238,7 +243,7 @@ void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int
         throw;
       }
     });
-    report(state, c.w, c.total, batch > 1 ? "batched" : "");
+    report(state, c.w, c.total, std::string(batch > 1 ? "batched, " : "") + cora::to_string(policy));
   }
   for (auto& s : c.streams) s.synchronize().wait();
 }
@@ -261,16 +266,22 @@ const bool registered = cb::at_start([] {
       for (int s : {1, 4, 16, 256})
         cb::register_once(name(d, "raw_poll/S:" + std::to_string(s)), raw_cuda_poll, d.ordinal, s);
 #endif
+    const auto hybrid = cora::completion_policy::hybrid, spin = cora::completion_policy::spin;
     for (int k : {1, 2, 4, 8})
       for (int c : {16, 64, 256, 1024, 4096})
-        cb::register_once(name(d, "cora/K:" + std::to_string(k) + "/C:" + std::to_string(c)),
-                                     cora_pipelines, d.index, k, c, 1);
-    const int b = static_cast<int>(cb::env_long("CORA_BENCH_BATCH", 16));
-    for (int k : {1, 4})
-      for (int c : {16, 64, 256})
-        cb::register_once(
-            name(d, "cora_batched/K:" + std::to_string(k) + "/C:" + std::to_string(c) + "/B:" + std::to_string(b)),
-            cora_pipelines, d.index, k, c, b);
+        cb::register_once(name(d, "cora/K:" + std::to_string(k) + "/C:" + std::to_string(c)), cora_pipelines, d.index, k,
+                          c, 1, hybrid);
+    // The spin policy, to tell the cost of the policy from the cost of the rest.
+    for (int k : {1, 2, 4})
+      for (int c : {64, 256, 1024})
+        cb::register_once(name(d, "cora_spin/K:" + std::to_string(k) + "/C:" + std::to_string(c)), cora_pipelines,
+                          d.index, k, c, 1, spin);
+    for (int b : {16, static_cast<int>(cb::env_long("CORA_BENCH_BATCH", 64))})
+      for (int k : {1, 4})
+        for (int c : {16, 64})
+          cb::register_once(
+              name(d, "cora_batched/K:" + std::to_string(k) + "/C:" + std::to_string(c) + "/B:" + std::to_string(b)),
+              cora_pipelines, d.index, k, c, b, hybrid);
   }
 });
 

@@ -64,7 +64,7 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, std::size_t streams) 
   auto& r = raw(ordinal);
   r.bind();
   auto& a = r.api();
-  const std::size_t w = waits(true), per = w / streams;
+  const std::size_t w = waits(true), per = std::max<std::size_t>(1, w / streams);
   const CUfunction slow = r.function("slow"), empty = r.function("empty");
   CUstream gate = r.make_stream();
   CUevent gate_done = r.make_event();
@@ -89,7 +89,7 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, std::size_t streams) 
     }
     const auto enqueued = clk::now();
     const double cpu_enqueued = cb::process_cpu_seconds();
-    out.enqueue_us_per_op = std::chrono::duration<double, std::micro>(enqueued - t_gate).count() / static_cast<double>(w);
+    out.enqueue_us_per_op = std::chrono::duration<double, std::micro>(enqueued - t_gate).count() / static_cast<double>(streams * per);
     std::vector<std::size_t> next(streams, 0);
     std::vector<clk::time_point> done;
     done.reserve(w);
@@ -121,7 +121,7 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, std::size_t streams) 
 // --- raw on the CPU device: a thread per stream sleeps through the gate, then runs its ops --
 
 void raw_cpu(benchmark::State& state, std::size_t streams) {
-  const std::size_t w = waits(false), per = w / streams;
+  const std::size_t w = waits(false), per = std::max<std::size_t>(1, w / streams);
   for (auto _ : state) {
     run_result out;
     std::vector<clk::time_point> done(streams * per);
@@ -138,7 +138,7 @@ void raw_cpu(benchmark::State& state, std::size_t streams) {
     std::this_thread::sleep_until(gate_end);
     const double cpu_first = cb::process_cpu_seconds();
     for (auto& t : ts) t.join();
-    out.enqueue_us_per_op = std::chrono::duration<double, std::micro>(enqueued - t_gate).count() / static_cast<double>(w);
+    out.enqueue_us_per_op = std::chrono::duration<double, std::micro>(enqueued - t_gate).count() / static_cast<double>(streams * per);
     out.finish(t_gate, enqueued, cpu_enqueued, done, cpu_first);
     out.report(state);
   }
@@ -163,7 +163,7 @@ void cora_scaling(benchmark::State& state, std::size_t index, std::size_t stream
   const bool gpu = dev.backend() == cora::backend_kind::cuda;
   const auto& bin = cb::test_kernels(policy, index);
   const auto slow = bin.kernel("slow"), empty = bin.kernel("empty");
-  const std::size_t w = waits(gpu), per = w / streams;
+  const std::size_t w = waits(gpu), per = std::max<std::size_t>(1, w / streams);
   auto gate = dev.make_stream();
   auto gate_done = dev.make_event();
   auto flag = dev.alloc<std::uint32_t>(1);
@@ -187,7 +187,7 @@ void cora_scaling(benchmark::State& state, std::size_t index, std::size_t stream
     const auto enqueued = clk::now();
     const double cpu_enqueued = cb::process_cpu_seconds();
     ctx.run();
-    out.enqueue_us_per_op = std::chrono::duration<double, std::micro>(enqueued - t_gate).count() / static_cast<double>(w);
+    out.enqueue_us_per_op = std::chrono::duration<double, std::micro>(enqueued - t_gate).count() / static_cast<double>(streams * per);
     out.finish(t_gate, enqueued, cpu_enqueued, r.done, r.cpu_first);
     out.report(state);
   }

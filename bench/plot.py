@@ -147,6 +147,7 @@ def engine_scaling(results, out, prefix, tag):
         ax.set_xscale("log")
         ax.set_xlabel("streams S (the waits spread over them)")
         ax.legend(fontsize=7)
+    axes[0].set_yscale("log")
     axes[0].set_ylabel("resumption after the gate ends (us)")
     axes[1].set_ylabel("CPU s per s while all waits pend")
     fig.suptitle(f"Thousands of pending waits over S streams ({tag})")

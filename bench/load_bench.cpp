@@ -3,6 +3,9 @@
 // fatbin (from memory; from a file: read the fatbin file, then load it). Raw on the CPU
 // device: the shared object written to a memory file and dlopen-ed (memory), or dlopen of the
 // shared object on disk (file). Load latency only; unloading happens outside the timing.
+// raw_eager (GPU): the memory load followed by what cora does before a load completes: every
+// function loaded (the driver loads lazily by default), its parameters' layout and two
+// attributes read.
 //
 // Settings: CORA_BENCH_LOADS (loads per figure, default 200).
 #include <dlfcn.h>
@@ -92,7 +95,30 @@ void raw_cpu(benchmark::State& state, bool from_file) {
 }
 
 #if defined(CORA_HAS_CUDA)
-void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file) {
+/// Loads every function of `m` and reads its parameter layout and attributes, as an eager
+/// loader must before it can check launches.
+void load_functions(const cb::raw_cuda& r, CUmodule m) {
+  auto& a = r.api();
+  unsigned count = 0;
+  cb::check(a.cuModuleGetFunctionCount(&count, m), "cuModuleGetFunctionCount");
+  std::vector<CUfunction> fs(count);
+  cb::check(a.cuModuleEnumerateFunctions(fs.data(), count, m), "cuModuleEnumerateFunctions");
+  for (CUfunction f : fs) {
+    if (a.cuFuncLoad) cb::check(a.cuFuncLoad(f), "cuFuncLoad");
+    const char* name = nullptr;
+    cb::check(a.cuFuncGetName(&name, f), "cuFuncGetName");
+    if (a.cuFuncGetParamInfo) {
+      std::size_t offset = 0, size = 0;
+      for (std::size_t i = 0; a.cuFuncGetParamInfo(f, i, &offset, &size) == CUDA_SUCCESS; ++i) {
+      }
+    }
+    int value = 0;
+    a.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f);
+    a.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f);
+  }
+}
+
+void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool eager) {
   image img(cora::detail::binary_kind::cuda_fatbin);
   cb::raw_cuda r(ordinal, img.bytes);
   cb::latencies lat;
@@ -106,12 +132,14 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file) {
       } else {
         cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
       }
+      if (eager) load_functions(r, m);
       lat.add(clk::now() - t0);
       r.api().cuModuleUnload(m);
     }
   }
   lat.report(state);
-  state.SetLabel(from_file ? "read the fatbin file + cuModuleLoadDataEx" : "cuModuleLoadDataEx");
+  state.SetLabel(std::string(from_file ? "read the fatbin file + cuModuleLoadDataEx" : "cuModuleLoadDataEx") +
+                 (eager ? " + every function loaded and described" : ""));
 }
 #endif
 
@@ -135,7 +163,10 @@ const bool registered = cb::at_start([] {
     for (bool file : {false, true}) {
       const std::string base = "load/" + d.tag + "/" + (file ? "file" : "memory") + "/";
 #if defined(CORA_HAS_CUDA)
-      if (d.backend == cora::backend_kind::cuda) cb::register_once(base + "raw", raw_gpu, d.ordinal, file);
+      if (d.backend == cora::backend_kind::cuda) {
+        cb::register_once(base + "raw", raw_gpu, d.ordinal, file, false);
+        cb::register_once(base + "raw_eager", raw_gpu, d.ordinal, file, true);
+      }
 #endif
       if (d.backend == cora::backend_kind::cpu) cb::register_once(base + "raw", raw_cpu, file);
       cb::register_once(base + "cora", cora_load, d.index, file);

@@ -352,10 +352,10 @@ void engine::run() {
           const auto expected = g->next_expected(now);
           // Expected within the wake margin: the group's own thread spins for the rest, so
           // completion is learnt where the waiter resumes, not posted to a sleeping thread
-          // after it (the cost DESIGN section 4 measures). Once per expected end: an op that
-          // overruns its estimate stays with the engine.
-          if (expected != clock::time_point::max() && expected > now && expected - now <= wake_margin &&
-              g->hand_back(expected)) {
+          // after it (docs/architecture.md, "The completion engine"). Once per expected
+          // end: an op that overruns its estimate stays with the engine.
+          if (expected != clock::time_point::max() && expected > now &&
+              expected - now <= wake_margin && g->hand_back(expected)) {
             it = parked_.erase(it);
             continue;
           }

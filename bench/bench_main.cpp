@@ -1,5 +1,6 @@
 // main() of every cora benchmark: runs them, then prints the registered cora/raw ratios.
 #include <cstdio>
+#include <functional>
 #include <map>
 
 #include "bench_support.hpp"
@@ -16,6 +17,11 @@ struct comparison {
 std::vector<comparison>& comparisons() {
   static std::vector<comparison> c;
   return c;
+}
+
+std::vector<std::function<void()>>& start_hooks() {
+  static std::vector<std::function<void()>> h;
+  return h;
 }
 
 class recording_reporter : public benchmark::ConsoleReporter {
@@ -38,11 +44,17 @@ void compare(const std::string& cora_benchmark, const std::string& raw_benchmark
   comparisons().push_back({cora_benchmark, raw_benchmark, counter, higher_is_better});
 }
 
+bool at_start(std::function<void()> fn) {
+  start_hooks().push_back(std::move(fn));
+  return true;
+}
+
 }  // namespace cora::bench
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  for (auto& hook : cora::bench::start_hooks()) hook();
   cora::bench::recording_reporter console;
   benchmark::RunSpecifiedBenchmarks(&console);
   bool header = false;
@@ -59,6 +71,7 @@ int main(int argc, char** argv) {
                 vb->second, va->second / vb->second, c.counter.c_str(),
                 c.higher_is_better ? ", higher is better" : ", lower is better");
   }
+  cora::bench::release_shared();
   benchmark::Shutdown();
   return 0;
 }

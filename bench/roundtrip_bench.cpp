@@ -1,59 +1,141 @@
-// Round trip of one empty launch awaited with co_await, against the round trip of an
-// asio::post on the same machine, in the same run.
+// Round trip of one empty launch awaited, per device and completion policy: `co_await` in a
+// cora::task (sync_wait's thread polls) and `async_wait(asio::use_awaitable)` in an
+// asio::awaitable on an io_context run by one thread, against the raw driver in the same run
+// (launch + event record + busy cuEventQuery; launch + cuStreamSynchronize; launch +
+// cuLaunchHostFunc setting a flag the host spins on) and, on any machine, the cost of an Asio
+// post to the same thread and to another thread and back. p50 and p99 per row.
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <atomic>
 #include <thread>
 
 #include <cora/cora.hpp>
 
 #include "bench_support.hpp"
+#if defined(CORA_HAS_CUDA)
+#include "raw_cuda.hpp"
+#endif
 
 namespace {
 
 using clk = std::chrono::steady_clock;
+namespace cb = cora::bench;
 
-struct fixture {
-  fixture(cora::completion_policy p) {
-    cora::runtime_options o;
-    o.completion = p;
-    rt = std::make_unique<cora::runtime>(o);
-    bin = rt->default_device().load_binary(CORA_BENCH_KERNELS_DIR "/test_kernels.corabin").wait();
-  }
-  std::unique_ptr<cora::runtime> rt;
-  cora::binary bin;
-};
+const cora::completion_policy policies[] = {cora::completion_policy::spin, cora::completion_policy::hybrid,
+                                             cora::completion_policy::blocking, cora::completion_policy::callback};
 
-void co_await_empty_launch(benchmark::State& state, cora::completion_policy policy) {
-  fixture f(policy);
-  auto& dev = f.rt->default_device();
+void co_await_empty_launch(benchmark::State& state, std::size_t index, cora::completion_policy policy) {
+  auto& dev = cb::shared_runtime(policy).device(index);
   auto s = dev.make_stream();
-  auto k = f.bin.kernel("empty");
-  cora::bench::latencies lat;
-  auto body = [&]() -> cora::task<void> {
-    for (auto _ : state) {
+  auto k = cb::test_kernels(policy, index).kernel("empty");
+  cb::latencies lat;
+  auto body = [](benchmark::State& st, cora::stream& str, cora::kernel& ker, cb::latencies& l) -> cora::task<void> {
+    for (int i = 0; i < 200; ++i) co_await str.launch(ker, {});  // warm-up: learn durations
+    for (auto _ : st) {
       const auto t0 = clk::now();
-      co_await s.launch(k, {});
-      lat.add(clk::now() - t0);
+      co_await str.launch(ker, {});
+      l.add(clk::now() - t0);
     }
   };
-  cora::sync_wait(body());
+  cora::sync_wait(body(state, s, k, lat));
   lat.report(state);
-  state.SetLabel(dev.name());
+  state.SetLabel(std::string("co_await, ") + cora::to_string(policy));
 }
+
+asio::awaitable<void> awaitable_loop(benchmark::State& state, cora::stream& s, cora::kernel& k, cb::latencies& lat) {
+  for (int i = 0; i < 200; ++i) co_await s.launch(k, {}).async_wait(asio::use_awaitable);
+  for (auto _ : state) {
+    const auto t0 = clk::now();
+    co_await s.launch(k, {}).async_wait(asio::use_awaitable);
+    lat.add(clk::now() - t0);
+  }
+}
+
+void async_wait_empty_launch(benchmark::State& state, std::size_t index, cora::completion_policy policy) {
+  auto& dev = cb::shared_runtime(policy).device(index);
+  auto s = dev.make_stream();
+  auto k = cb::test_kernels(policy, index).kernel("empty");
+  cb::latencies lat;
+  asio::io_context ctx(1);
+  asio::co_spawn(ctx, awaitable_loop(state, s, k, lat), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  });
+  ctx.run();
+  lat.report(state);
+  state.SetLabel(std::string("async_wait(use_awaitable), ") + cora::to_string(policy));
+}
+
+#if defined(CORA_HAS_CUDA)
+cb::raw_cuda& raw(std::size_t ordinal) {
+  static std::map<std::size_t, cb::raw_cuda*> all;  // never destroyed: exit tears it down
+  auto& r = all[ordinal];
+  if (!r) r = new cb::raw_cuda(ordinal, cb::fatbin_of(cb::kernels_dir() + "/test_kernels.corabin"));
+  return *r;
+}
+
+enum class raw_wait { event_spin, stream_sync, host_func };
+
+void raw_empty_launch(benchmark::State& state, std::size_t ordinal, raw_wait how) {
+  auto& r = raw(ordinal);
+  r.bind();
+  auto& a = r.api();
+  const CUfunction empty = r.function("empty");
+  CUstream s = r.make_stream();
+  CUevent e = r.make_event();
+  std::atomic<int> flag{0};
+  auto once = [&] {
+    cb::check(a.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr), "cuLaunchKernel");
+    switch (how) {
+      case raw_wait::event_spin:
+        cb::check(a.cuEventRecord(e, s), "cuEventRecord");
+        r.spin(e);
+        break;
+      case raw_wait::stream_sync:
+        cb::check(a.cuStreamSynchronize(s), "cuStreamSynchronize");
+        break;
+      case raw_wait::host_func:
+        flag.store(0, std::memory_order_relaxed);
+        cb::check(a.cuLaunchHostFunc(
+                      s, [](void* f) { static_cast<std::atomic<int>*>(f)->store(1, std::memory_order_release); }, &flag),
+                  "cuLaunchHostFunc");
+        while (flag.load(std::memory_order_acquire) == 0) {
+        }
+        break;
+    }
+  };
+  for (int i = 0; i < 200; ++i) once();
+  cb::latencies lat;
+  for (auto _ : state) {
+    const auto t0 = clk::now();
+    once();
+    lat.add(clk::now() - t0);
+  }
+  lat.report(state);
+  a.cuEventDestroy(e);
+  a.cuStreamDestroy(s);
+  state.SetLabel(how == raw_wait::event_spin    ? "launch + event + busy cuEventQuery"
+                 : how == raw_wait::stream_sync ? "launch + cuStreamSynchronize"
+                                                : "launch + cuLaunchHostFunc + busy flag");
+}
+#endif
 
 // The same thread posts to its own io_context and resumes: the cheapest executor hop.
 void asio_post_self(benchmark::State& state) {
   asio::io_context ctx(1);
-  cora::bench::latencies lat;
-  auto body = [&]() -> cora::task<void> {
+  cb::latencies lat;
+  auto body = [](benchmark::State& st, cb::latencies& l) -> cora::task<void> {
     auto ex = co_await cora::this_executor();
-    for (auto _ : state) {
+    for (auto _ : st) {
       const auto t0 = clk::now();
       co_await asio::post(ex, cora::use_task);
-      lat.add(clk::now() - t0);
+      l.add(clk::now() - t0);
     }
   };
-  cora::spawn(ctx, body(), [](std::exception_ptr) {});
+  cora::spawn(ctx, body(state, lat), [](std::exception_ptr) {});
   ctx.run();
   lat.report(state);
 }
@@ -63,34 +145,50 @@ void asio_post_ping_pong(benchmark::State& state) {
   asio::io_context here(1), there(1);
   auto work = asio::make_work_guard(there);
   std::thread t([&] { there.run(); });
-  cora::bench::latencies lat;
-  auto body = [&]() -> cora::task<void> {
+  cb::latencies lat;
+  auto body = [](benchmark::State& st, cb::latencies& l, asio::io_context& other) -> cora::task<void> {
     auto ex = co_await cora::this_executor();
-    for (auto _ : state) {
+    for (auto _ : st) {
       const auto t0 = clk::now();
-      co_await asio::post(there.get_executor(), cora::use_task);
+      co_await asio::post(other.get_executor(), cora::use_task);
       co_await asio::post(ex, cora::use_task);
-      lat.add(clk::now() - t0);
+      l.add(clk::now() - t0);
     }
   };
-  cora::spawn(here, body(), [](std::exception_ptr) {});
+  cora::spawn(here, body(state, lat, there), [](std::exception_ptr) {});
   here.run();
   work.reset();
   t.join();
   lat.report(state);
 }
 
-BENCHMARK_CAPTURE(co_await_empty_launch, spin, cora::completion_policy::spin)->Name("roundtrip/cora_co_await/spin")->UseRealTime();
-BENCHMARK_CAPTURE(co_await_empty_launch, hybrid, cora::completion_policy::hybrid)->Name("roundtrip/cora_co_await/hybrid")->UseRealTime();
-BENCHMARK_CAPTURE(co_await_empty_launch, blocking, cora::completion_policy::blocking)->Name("roundtrip/cora_co_await/blocking")->UseRealTime();
 BENCHMARK(asio_post_self)->Name("roundtrip/raw_asio_post_self")->UseRealTime();
 BENCHMARK(asio_post_ping_pong)->Name("roundtrip/raw_asio_post_ping_pong")->UseRealTime();
 
-const bool registered = [] {
-  for (const char* p : {"spin", "hybrid", "blocking"}) {
-    cora::bench::compare(std::string("roundtrip/cora_co_await/") + p + "/real_time", "roundtrip/raw_asio_post_ping_pong/real_time");
+const bool registered = cb::at_start([] {
+  for (const auto& d : cb::devices()) {
+    const std::string base = "roundtrip/" + d.tag + "/";
+    std::string raw_name = "roundtrip/raw_asio_post_ping_pong/real_time";
+#if defined(CORA_HAS_CUDA)
+    if (d.backend == cora::backend_kind::cuda) {
+      for (auto [how, n] : {std::pair{raw_wait::event_spin, "raw_event_spin"}, std::pair{raw_wait::stream_sync, "raw_stream_sync"},
+                            std::pair{raw_wait::host_func, "raw_host_func"}})
+        benchmark::RegisterBenchmark((base + n).c_str(), [o = d.ordinal, h = how](benchmark::State& st) {
+          cb::guarded(st, [&] { raw_empty_launch(st, o, h); });
+        })->UseRealTime();
+      raw_name = base + "raw_event_spin/real_time";
+    }
+#endif
+    for (auto p : policies) {
+      const std::string co = base + "cora_co_await/" + cora::to_string(p), aw = base + "cora_async_wait/" + cora::to_string(p);
+      benchmark::RegisterBenchmark(co.c_str(), [i = d.index, p](benchmark::State& st) { cb::guarded(st, [&] { co_await_empty_launch(st, i, p); }); })
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(aw.c_str(), [i = d.index, p](benchmark::State& st) { cb::guarded(st, [&] { async_wait_empty_launch(st, i, p); }); })
+          ->UseRealTime();
+      cb::compare(co + "/real_time", raw_name);
+      cb::compare(aw + "/real_time", raw_name);
+    }
   }
-  return true;
-}();
+});
 
 }  // namespace

@@ -420,7 +420,8 @@ class baseline_server {
 
 // --- benchmarks ----------------------------------------------------------------------------------
 
-const char* kernels_path() { return CORA_BENCH_KERNELS_DIR "/test_kernels.corabin"; }
+// CORA_TEST_KERNELS_DIR first: a build copied to another machine is not where it was built.
+std::string kernels_path() { return cora::bench::kernels_dir() + "/test_kernels.corabin"; }
 
 void cora_server(benchmark::State& state, std::size_t connections, bool batching) {
   raise_fd_limit();

@@ -200,6 +200,18 @@ bool executor_group::parked() noexcept {
   return state_ == state::parked;
 }
 
+bool executor_group::hand_back(clock::time_point at) {
+  {
+    std::lock_guard lock(state_mutex_);
+    if (state_ != state::parked || handed_back_for_ == at) return false;
+    handed_back_for_ = at;
+    state_ = state::spinning;
+    last_progress_ = clock::now();  // a full spin limit from now before parking again
+  }
+  post_step();
+  return true;
+}
+
 void executor_group::engine_progress() noexcept {
   std::lock_guard lock(state_mutex_);
   if (state_ == state::parked && pending() == 0) state_ = state::idle;
@@ -335,14 +347,26 @@ void engine::run() {
           it = parked_.erase(it);
           continue;
         }
-        any_waits = true;
         const auto p = g->policy();
         if (p == completion_policy::hybrid || p == completion_policy::spin) {
+          const auto expected = g->next_expected(now);
+          // Expected within the wake margin: the group's own thread spins for the rest, so
+          // completion is learnt where the waiter resumes, not posted to a sleeping thread
+          // after it (docs/architecture.md, "The completion engine"). Once per expected
+          // end: an op that overruns its estimate stays with the engine.
+          if (expected != clock::time_point::max() && expected > now &&
+              expected - now <= wake_margin && g->hand_back(expected)) {
+            it = parked_.erase(it);
+            continue;
+          }
+          any_waits = true;
           any_hybrid = true;
-          next = std::min(next, g->next_expected(now));
-        } else if (!block_stream) {
-          block_stream = g->any_stream();
+          next = std::min(next, expected);
+          ++it;
+          continue;
         }
+        any_waits = true;
+        if (!block_stream) block_stream = g->any_stream();
         ++it;
       }
       if (inline_->pending() > 0) {

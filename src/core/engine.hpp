@@ -75,6 +75,11 @@ class executor_group final : public poll_group, public asio::execution_context::
   /// Called by the engine when it has detected completions for a parked group.
   void engine_progress() noexcept;
   bool parked() noexcept;
+  /// Called by the engine shortly before a parked group's op is expected to end: the group's
+  /// own thread takes over polling, so that it learns of the completion itself and resumes
+  /// the waiter without a wake-up after it. Once per expected end `at`; false when this group
+  /// was already handed back for `at` or is no longer parked.
+  bool hand_back(clock::time_point at);
 
  private:
   void shutdown() override;
@@ -87,6 +92,7 @@ class executor_group final : public poll_group, public asio::execution_context::
   bool bound_ = false;
   asio::any_io_executor executor_;
   clock::time_point last_progress_{};
+  clock::time_point handed_back_for_{};
   std::vector<wait_node*> fired_;
 };
 

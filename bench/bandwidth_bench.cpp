@@ -1,0 +1,181 @@
+// Bandwidth: pinned host-to-device and device-to-host copies, and an fp32 add kernel
+// (z = x + y) over 2^L elements, through cora and raw, in GB/s (10^9 bytes per second; the
+// kernel counts the 12 bytes it reads and writes per element). Raw: cuMemcpyAsync and
+// cuLaunchKernel on a stream, then cuStreamSynchronize; on the CPU device, memcpy and the
+// loop on one plain thread per hardware thread. cora: the same operations enqueued on a
+// stream, the last one awaited.
+//
+// Settings: CORA_BENCH_COPY_MB (256 on a GPU, 32 on the CPU device), CORA_BENCH_ADD_LOG2
+// (28 on a GPU, 24 on the CPU device), CORA_BENCH_REPS (operations per figure, 10).
+#include <cstring>
+#include <thread>
+
+#include <cora/cora.hpp>
+
+#include "bench_support.hpp"
+#if defined(CORA_HAS_CUDA)
+#include "raw_cuda.hpp"
+#endif
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+namespace cb = cora::bench;
+
+enum class what { h2d, d2h, add };
+
+std::size_t copy_bytes(bool gpu) { return static_cast<std::size_t>(cb::env_long("CORA_BENCH_COPY_MB", gpu ? 256 : 32)) << 20; }
+std::size_t add_elements(bool gpu) { return std::size_t{1} << cb::env_long("CORA_BENCH_ADD_LOG2", gpu ? 28 : 24); }
+int reps() { return static_cast<int>(cb::env_long("CORA_BENCH_REPS", 10)); }
+
+void report(benchmark::State& state, double bytes, double seconds) {
+  state.counters["GB_per_s"] = bytes / seconds * 1e-9;
+  state.SetIterationTime(seconds);
+}
+
+/// Runs fn(i) on one plain thread per hardware thread, i the thread's slice of n.
+template <class F>
+void on_all_threads(std::size_t n, F fn) {
+  const std::size_t t = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> ts;
+  for (std::size_t i = 0; i < t; ++i) ts.emplace_back([=] { fn(n * i / t, n * (i + 1) / t); });
+  for (auto& th : ts) th.join();
+}
+
+void raw_cpu(benchmark::State& state, what w) {
+  const std::size_t bytes = w == what::add ? add_elements(false) * sizeof(float) : copy_bytes(false);
+  std::vector<float> a(bytes / sizeof(float), 1.0f), b(a.size(), 2.0f), c(a.size());
+  for (auto _ : state) {
+    const auto t0 = clk::now();
+    for (int r = 0; r < reps(); ++r) {
+      if (w == what::add)
+        on_all_threads(a.size(), [&](std::size_t lo, std::size_t hi) {
+          for (std::size_t i = lo; i < hi; ++i) c[i] = a[i] + b[i];
+        });
+      else
+        on_all_threads(bytes, [&](std::size_t lo, std::size_t hi) {
+          std::memcpy(reinterpret_cast<std::byte*>(c.data()) + lo, reinterpret_cast<const std::byte*>(a.data()) + lo, hi - lo);
+        });
+      benchmark::DoNotOptimize(c.data());
+    }
+    report(state, static_cast<double>(bytes) * reps() * (w == what::add ? 3 : 1), cb::seconds_since(t0));
+  }
+  state.SetLabel("plain threads");
+}
+
+#if defined(CORA_HAS_CUDA)
+cb::raw_cuda& raw(std::size_t ordinal) {
+  static std::map<std::size_t, cb::raw_cuda*> all;  // never destroyed: exit tears it down
+  auto& r = all[ordinal];
+  if (!r) r = new cb::raw_cuda(ordinal, cb::fatbin_of(cb::kernels_dir() + "/test_kernels.corabin"));
+  return *r;
+}
+
+void raw_gpu(benchmark::State& state, std::size_t ordinal, what w) {
+  auto& r = raw(ordinal);
+  r.bind();
+  auto& a = r.api();
+  CUstream s = r.make_stream();
+  if (w == what::add) {
+    const std::size_t n = add_elements(true);
+    CUdeviceptr x = r.alloc(n * 4), y = r.alloc(n * 4), z = r.alloc(n * 4);
+    std::uint64_t count = n;
+    auto p = cb::params(x, y, z, count);
+    const auto grid = static_cast<unsigned>((n + 255) / 256);
+    cb::check(a.cuLaunchKernel(r.function("add_f32"), grid, 1, 1, 256, 1, 1, 0, s, p.data(), nullptr), "cuLaunchKernel");
+    cb::check(a.cuStreamSynchronize(s), "cuStreamSynchronize");
+    for (auto _ : state) {
+      const auto t0 = clk::now();
+      for (int i = 0; i < reps(); ++i)
+        cb::check(a.cuLaunchKernel(r.function("add_f32"), grid, 1, 1, 256, 1, 1, 0, s, p.data(), nullptr), "cuLaunchKernel");
+      cb::check(a.cuStreamSynchronize(s), "cuStreamSynchronize");
+      report(state, 12.0 * static_cast<double>(n) * reps(), cb::seconds_since(t0));
+    }
+    for (CUdeviceptr d : {x, y, z}) a.cuMemFree(d);
+  } else {
+    const std::size_t bytes = copy_bytes(true);
+    void* host = r.host_alloc(bytes);
+    std::memset(host, 1, bytes);
+    CUdeviceptr dev = r.alloc(bytes);
+    const auto h = reinterpret_cast<CUdeviceptr>(host);
+    auto copy = [&] {
+      cb::check(w == what::h2d ? a.cuMemcpyAsync(dev, h, bytes, s) : a.cuMemcpyAsync(h, dev, bytes, s), "cuMemcpyAsync");
+    };
+    copy();
+    cb::check(a.cuStreamSynchronize(s), "cuStreamSynchronize");
+    for (auto _ : state) {
+      const auto t0 = clk::now();
+      for (int i = 0; i < reps(); ++i) copy();
+      cb::check(a.cuStreamSynchronize(s), "cuStreamSynchronize");
+      report(state, static_cast<double>(bytes) * reps(), cb::seconds_since(t0));
+    }
+    a.cuMemFree(dev);
+    a.cuMemFreeHost(host);
+  }
+  a.cuStreamDestroy(s);
+  state.SetLabel("raw driver");
+}
+#endif
+
+cora::task<void> enqueue_and_await(cora::stream& s, what w, void* dst, const void* src, std::size_t bytes,
+                                   const cora::kernel* add, const cora::launch_config* cfg, float* x, std::uint64_t n) {
+  cora::pending<void> last;
+  for (int i = 0; i < reps(); ++i)
+    last = w == what::add ? s.launch(*add, *cfg, x, x + n, x + 2 * n, n) : s.copy(dst, src, bytes);
+  co_await last;
+}
+
+void cora_bw(benchmark::State& state, std::size_t index, what w) {
+  const auto policy = cora::completion_policy::hybrid;
+  auto& dev = cb::shared_runtime(policy).device(index);
+  const bool gpu = dev.backend() == cora::backend_kind::cuda;
+  auto s = dev.make_stream();
+  if (w == what::add) {
+    const std::size_t n = add_elements(gpu);
+    auto add = cb::test_kernels(policy, index).kernel("add_f32");
+    auto buf = dev.alloc<float>(3 * n);
+    cora::launch_config cfg;
+    cfg.grid = gpu ? static_cast<std::uint32_t>((n + 255) / 256) : dev.properties().compute_units;
+    cfg.block = gpu ? 256u : 1u;
+    s.launch(add, cfg, buf.data(), buf.data() + n, buf.data() + 2 * n, std::uint64_t{n}).wait();
+    for (auto _ : state) {
+      const auto t0 = clk::now();
+      cora::sync_wait(enqueue_and_await(s, w, nullptr, nullptr, 0, &add, &cfg, buf.data(), n));
+      report(state, 12.0 * static_cast<double>(n) * reps(), cb::seconds_since(t0));
+    }
+  } else {
+    const std::size_t bytes = copy_bytes(gpu);
+    auto host = dev.alloc_host<std::byte>(bytes);
+    std::memset(host.data(), 1, bytes);
+    auto d = dev.alloc<std::byte>(bytes);
+    void* dst = w == what::h2d ? static_cast<void*>(d.data()) : static_cast<void*>(host.data());
+    const void* src = w == what::h2d ? static_cast<const void*>(host.data()) : static_cast<const void*>(d.data());
+    s.copy(dst, src, bytes).wait();
+    for (auto _ : state) {
+      const auto t0 = clk::now();
+      cora::sync_wait(enqueue_and_await(s, w, dst, src, bytes, nullptr, nullptr, nullptr, 0));
+      report(state, static_cast<double>(bytes) * reps(), cb::seconds_since(t0));
+    }
+  }
+  state.SetLabel("cora");
+}
+
+const bool registered = cb::at_start([] {
+  for (const auto& d : cb::devices()) {
+    for (auto [w, label] : {std::pair{what::h2d, "copy_h2d"}, std::pair{what::d2h, "copy_d2h"}, std::pair{what::add, "add_f32"}}) {
+      const std::string base = "bandwidth/" + d.tag + "/" + label + "/";
+#if defined(CORA_HAS_CUDA)
+      if (d.backend == cora::backend_kind::cuda)
+        benchmark::RegisterBenchmark((base + "raw").c_str(), [o = d.ordinal, w = w](benchmark::State& st) { cb::guarded(st, [&] { raw_gpu(st, o, w); }); })
+            ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
+#endif
+      if (d.backend == cora::backend_kind::cpu)
+        benchmark::RegisterBenchmark((base + "raw").c_str(), [w = w](benchmark::State& st) { cb::guarded(st, [&] { raw_cpu(st, w); }); })
+            ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((base + "cora").c_str(), [i = d.index, w = w](benchmark::State& st) { cb::guarded(st, [&] { cora_bw(st, i, w); }); })
+          ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
+    }
+  }
+});
+
+}  // namespace

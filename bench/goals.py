@@ -1,0 +1,173 @@
+#!/usr/bin/python3
+"""The performance goals of cora against the raw driver, from the benchmarks' JSON output.
+
+Usage: bench/goals.py BENCH_JSON_DIR [--json OUT.json]
+
+Reads the Google Benchmark JSON files (roundtrip_bench.json, pipeline_bench.json, ...) and
+cora-roundtrip.json of one run, and prints one table per device: each goal's measured ratio
+(cora against raw, same run), the goal, and pass or miss. The goals are the H200's; on the
+CPU device the same table is printed for information. Standard library only.
+"""
+import json
+import os
+import re
+import statistics
+import sys
+
+SUFFIX = re.compile(r"/(iterations:\d+|repeats:\d+|real_time|manual_time|min_time:[^/]+)")
+
+
+def load(folder):
+    """{benchmark key: {counter: value}}; repetitions reduced to their median."""
+    runs = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json") or name == "cora-roundtrip.json" or name == "goals.json":
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        for b in data.get("benchmarks", []):
+            if b.get("run_type") == "aggregate" or b.get("error_occurred"):
+                continue
+            key = SUFFIX.sub("", b["name"])
+            runs.setdefault(key, []).append(b)
+    out = {}
+    for key, bs in runs.items():
+        counters = {}
+        for k in bs[0]:
+            vals = [b[k] for b in bs if isinstance(b.get(k), (int, float)) and not isinstance(b.get(k), bool)]
+            if vals:
+                counters[k] = statistics.median(vals)
+        out[key] = counters
+    return out
+
+
+def devices(results):
+    tags = sorted({k.split("/")[1] for k in results if k.count("/") >= 2 and re.match(r"(cuda|cpu)\d+$", k.split("/")[1])})
+    return sorted(tags, key=lambda t: (not t.startswith("cuda"), t))
+
+
+def get(results, key, counter):
+    return results.get(key, {}).get(counter)
+
+
+def best(results, prefix, counter, pred=lambda k: True):
+    """(key, value) of the highest `counter` among keys starting with `prefix`."""
+    cands = [(v[counter], k) for k, v in results.items() if k.startswith(prefix) and counter in v and pred(k)]
+    if not cands:
+        return None, None
+    v, k = max(cands)
+    return k, v
+
+
+def goals_for(results, tag, roundtrip_tool):
+    rows = []  # (goal text, measured text, ratio, limit, higher_is_better, note)
+
+    def ratio_row(text, num, den, limit, higher, note=""):
+        ratio = num / den if num is not None and den else None
+        rows.append((text, ratio, limit, higher, note))
+
+    # 1. Round trip of an awaited empty launch.
+    raw = get(results, f"roundtrip/{tag}/raw_event_spin", "p50_us")
+    base_note = "raw: launch + event + busy poll"
+    if raw is None:
+        raw = get(results, "roundtrip/raw_asio_post_ping_pong", "p50_us")
+        base_note = "no driver: against an Asio cross-thread post"
+    for policy, limit in (("spin", 1.05), ("hybrid", 1.15)):
+        c = get(results, f"roundtrip/{tag}/cora_co_await/{policy}", "p50_us")
+        ratio_row(f"round trip p50, co_await, {policy}", c, raw, limit, False,
+                  f"{c:.2f} us vs {raw:.2f} us ({base_note})" if c and raw else "")
+        a = get(results, f"roundtrip/{tag}/cora_async_wait/{policy}", "p50_us")
+        ratio_row(f"round trip p50, async_wait, {policy} (same goal)", a, raw, limit, False,
+                  f"{a:.2f} us" if a else "")
+    if roundtrip_tool and tag.startswith("cuda"):
+        rts = {r["name"]: r for r in roundtrip_tool.get("roundtrips", [])}
+        raw_t = rts.get("raw launch + event record + busy cuEventQuery", {}).get("p50_us")
+        for policy, limit in (("spin", 1.05), ("hybrid", 1.15)):
+            c = rts.get(f"cora co_await launch ({policy}, counter markers)", {}).get("p50_us")
+            ratio_row(f"round trip p50, co_await, {policy} (cora-roundtrip)", c, raw_t, limit, False,
+                      f"{c:.2f} us vs {raw_t:.2f} us" if c and raw_t else "")
+
+    # 2. Small pipelines.
+    rk, rv = best(results, f"pipeline/{tag}/raw_", "per_s")
+    ck, cv = best(results, f"pipeline/{tag}/cora", "per_s",
+                  lambda k: re.match(rf"pipeline/{tag}/cora(_spin)?/K:(\d+)/", k) is not None
+                  and int(re.search(r"/K:(\d+)", k).group(1)) <= 4)
+    bk, bv = best(results, f"pipeline/{tag}/cora_batched/", "per_s")
+    short = lambda k: k.split("/", 2)[2] if k else "-"
+    ratio_row("small pipelines/s, best cora (K <= 4) / best raw", cv, rv, 1.0, True,
+              f"{cv:,.0f}/s ({short(ck)}) vs {rv:,.0f}/s ({short(rk)})" if cv and rv else "")
+    ratio_row("small pipelines/s, batched / best raw unbatched", bv, rv, 2.0, True,
+              f"{bv:,.0f}/s ({short(bk)})" if bv else "")
+
+    # 3. Waiting on 1 ms kernels.
+    for k in ("1", "8"):
+        hy = get(results, f"wait_cost/{tag}/K:{k}/cora/hybrid", "cpu_s_per_s")
+        bs = get(results, f"wait_cost/{tag}/K:{k}/raw_blocking_sync", "cpu_s_per_s")
+        ratio_row(f"1 ms waits, K={k}: hybrid CPU s/s / blocking-sync's", hy, bs, 1.0, False,
+                  f"{hy:.3f} vs {bs:.3f}" if hy is not None and bs else "")
+        late = get(results, f"wait_cost/{tag}/K:{k}/cora/hybrid", "late_p50_us")
+        if late is not None:
+            rows.append((f"1 ms waits, K={k}: hybrid late p50 (us, goal <= 25)", late / 25.0, 1.0, False,
+                         f"{late:.1f} us late (blocking-sync {get(results, f'wait_cost/{tag}/K:{k}/raw_blocking_sync', 'late_p50_us') or 0:.1f}, "
+                         f"raw spin {get(results, f'wait_cost/{tag}/K:{k}/raw_spin', 'late_p50_us') or 0:.1f})"))
+
+    # 4. Bandwidth and loading.
+    for what, limit in (("copy_h2d", 0.98), ("copy_d2h", 0.98), ("add_f32", 0.97)):
+        c = get(results, f"bandwidth/{tag}/{what}/cora", "GB_per_s")
+        r = get(results, f"bandwidth/{tag}/{what}/raw", "GB_per_s")
+        ratio_row(f"{what} GB/s, cora / raw", c, r, limit, True, f"{c:.1f} vs {r:.1f} GB/s" if c and r else "")
+    for src in ("file", "memory"):
+        c = get(results, f"load/{tag}/{src}/cora", "p50_us")
+        r = get(results, f"load/{tag}/{src}/raw", "p50_us")
+        ratio_row(f"load_binary from {src}, p50 / raw", c, r, 1.2, False, f"{c:.0f} vs {r:.0f} us" if c and r else "")
+        e = get(results, f"load/{tag}/{src}/raw_eager", "p50_us")
+        if e:
+            ratio_row(f"load_binary from {src}, p50 / raw eager load (info)", c, e, 1.2, False,
+                      f"{c:.0f} vs {e:.0f} us (every function loaded and described)" if c else "")
+    return rows
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__)
+        return 2
+    folder = argv[1]
+    results = load(folder)
+    tool = None
+    try:
+        with open(os.path.join(folder, "cora-roundtrip.json")) as f:
+            tool = json.load(f)
+    except (OSError, ValueError):
+        pass
+    everything = {}
+    passed = total = 0
+    for tag in devices(results):
+        rows = goals_for(results, tag, tool)
+        kind = "goals" if tag.startswith("cuda") else "for information (the goals are the GPU's)"
+        print(f"\n{tag}: {kind}")
+        print(f"  {'goal':<58} {'ratio':>7} {'limit':>7}  {'':<4}  measured")
+        for text, ratio, limit, higher, note in rows:
+            if ratio is None:
+                verdict, shown = "n/a", "-"
+            else:
+                ok = ratio >= limit if higher else ratio <= limit
+                verdict, shown = ("pass" if ok else "MISS"), f"{ratio:.3f}"
+                if tag.startswith("cuda") and not any(m in text for m in ("(same goal)", "(cora-roundtrip)", "(info)")):
+                    total += 1
+                    passed += ok
+            print(f"  {text:<58} {shown:>7} {('>=' if higher else '<=') + format(limit, 'g'):>7}  {verdict:<4}  {note}")
+            everything.setdefault(tag, []).append(
+                {"goal": text, "ratio": ratio, "limit": limit, "higher_is_better": higher, "note": note})
+    if total:
+        print(f"\ngoals: {passed}/{total} met on the GPU")
+    if "--json" in argv:
+        with open(argv[argv.index("--json") + 1], "w") as f:
+            json.dump(everything, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,177 @@
+// Loading kernels: device::load_binary of test_kernels.corabin from a file and from memory,
+// against loading the device's own image by hand. Raw on a GPU: cuModuleLoadDataEx of the
+// fatbin (from memory; from a file: read the fatbin file, then load it). Raw on the CPU
+// device: the shared object written to a memory file and dlopen-ed (memory), or dlopen of the
+// shared object on disk (file). Load latency only; unloading happens outside the timing.
+// raw_eager (GPU): the memory load followed by what cora does before a load completes: every
+// function loaded (the driver loads lazily by default), its parameters' layout and two
+// attributes read.
+//
+// Settings: CORA_BENCH_LOADS (loads per figure, default 200).
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <cora/cora.hpp>
+
+#include "bench_support.hpp"
+#include "core/binary_format.hpp"
+#include "io/file_reader.hpp"
+#if defined(CORA_HAS_CUDA)
+#include "raw_cuda.hpp"
+#endif
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+namespace cb = cora::bench;
+namespace fs = std::filesystem;
+
+int loads() { return static_cast<int>(cb::env_long("CORA_BENCH_LOADS", 200)); }
+fs::path corabin() { return fs::path(cb::kernels_dir()) / "test_kernels.corabin"; }
+
+std::vector<std::byte> read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+
+/// The image of `kind` in the container, also written to a file in the temporary folder.
+struct image {
+  explicit image(cora::detail::binary_kind kind) {
+    std::error_code ec;
+    std::string message;
+    const auto all = cora::detail::read_whole_file_sync(corabin(), ec, message);
+    if (ec) throw std::runtime_error(message);
+    const auto c = cora::detail::parse_corabin(all, ec, message);
+    if (ec) throw std::runtime_error(message);
+    for (const auto& img : c.images)
+      if (img.kind == kind) bytes.assign(img.bytes.begin(), img.bytes.end());
+    if (bytes.empty()) throw std::runtime_error("no image of that kind in the container");
+    path = fs::temp_directory_path() / ("cora-load-bench-" + std::to_string(::getpid()) + "-" +
+                                        cora::detail::binary_kind_name(kind));
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                static_cast<std::streamsize>(bytes.size()));
+  }
+  ~image() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  std::vector<std::byte> bytes;
+  fs::path path;
+};
+
+void raw_cpu(benchmark::State& state, bool from_file) {
+  image img(cora::detail::binary_kind::cpu_elf);
+  cb::latencies lat;
+  for (auto _ : state) {
+    for (int i = 0; i < loads(); ++i) {
+      const auto t0 = clk::now();
+      void* h = nullptr;
+      int fd = -1;
+      if (from_file) {
+        h = ::dlopen(img.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      } else {
+        fd = ::memfd_create("raw-image", MFD_CLOEXEC);
+        if (::write(fd, img.bytes.data(), img.bytes.size()) != static_cast<ssize_t>(img.bytes.size()))
+          throw std::runtime_error("write to the memory file failed");
+        h = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
+      }
+      if (!h) throw std::runtime_error(::dlerror());
+      lat.add(clk::now() - t0);
+      ::dlclose(h);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  lat.report(state);
+  state.SetLabel(from_file ? "dlopen of the file" : "memfd + dlopen");
+}
+
+#if defined(CORA_HAS_CUDA)
+/// Loads every function of `m` and reads its parameter layout and attributes, as an eager
+/// loader must before it can check launches.
+void load_functions(const cb::raw_cuda& r, CUmodule m) {
+  auto& a = r.api();
+  unsigned count = 0;
+  cb::check(a.cuModuleGetFunctionCount(&count, m), "cuModuleGetFunctionCount");
+  std::vector<CUfunction> fs(count);
+  cb::check(a.cuModuleEnumerateFunctions(fs.data(), count, m), "cuModuleEnumerateFunctions");
+  for (CUfunction f : fs) {
+    if (a.cuFuncLoad) cb::check(a.cuFuncLoad(f), "cuFuncLoad");
+    const char* name = nullptr;
+    cb::check(a.cuFuncGetName(&name, f), "cuFuncGetName");
+    if (a.cuFuncGetParamInfo) {
+      std::size_t offset = 0, size = 0;
+      for (std::size_t i = 0; a.cuFuncGetParamInfo(f, i, &offset, &size) == CUDA_SUCCESS; ++i) {
+      }
+    }
+    int value = 0;
+    a.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f);
+    a.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f);
+  }
+}
+
+void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool eager) {
+  image img(cora::detail::binary_kind::cuda_fatbin);
+  cb::raw_cuda r(ordinal, img.bytes);
+  cb::latencies lat;
+  for (auto _ : state) {
+    for (int i = 0; i < loads(); ++i) {
+      const auto t0 = clk::now();
+      CUmodule m = nullptr;
+      if (from_file) {
+        const auto bytes = read_all(img.path);
+        cb::check(r.api().cuModuleLoadDataEx(&m, bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
+      } else {
+        cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
+      }
+      if (eager) load_functions(r, m);
+      lat.add(clk::now() - t0);
+      r.api().cuModuleUnload(m);
+    }
+  }
+  lat.report(state);
+  state.SetLabel(std::string(from_file ? "read the fatbin file + cuModuleLoadDataEx" : "cuModuleLoadDataEx") +
+                 (eager ? " + every function loaded and described" : ""));
+}
+#endif
+
+void cora_load(benchmark::State& state, std::size_t index, bool from_file) {
+  auto& dev = cb::shared_runtime(cora::completion_policy::hybrid).device(index);
+  const auto bytes = read_all(corabin());
+  cb::latencies lat;
+  for (auto _ : state) {
+    for (int i = 0; i < loads(); ++i) {
+      const auto t0 = clk::now();
+      cora::binary b = from_file ? dev.load_binary(corabin()).wait() : dev.load_binary(std::span<const std::byte>(bytes)).wait();
+      lat.add(clk::now() - t0);
+    }
+  }
+  lat.report(state);
+  state.SetLabel(from_file ? "load_binary(path)" : "load_binary(bytes)");
+}
+
+const bool registered = cb::at_start([] {
+  for (const auto& d : cb::devices()) {
+    for (bool file : {false, true}) {
+      const std::string base = "load/" + d.tag + "/" + (file ? "file" : "memory") + "/";
+#if defined(CORA_HAS_CUDA)
+      if (d.backend == cora::backend_kind::cuda) {
+        cb::register_once(base + "raw", raw_gpu, d.ordinal, file, false);
+        cb::register_once(base + "raw_eager", raw_gpu, d.ordinal, file, true);
+      }
+#endif
+      if (d.backend == cora::backend_kind::cpu) cb::register_once(base + "raw", raw_cpu, file);
+      cb::register_once(base + "cora", cora_load, d.index, file);
+    }
+  }
+});
+
+}  // namespace

@@ -69,7 +69,8 @@ class worker {
       : dev_(dev), bin_(bin), cfg_(cfg), c_(c), rng_(cfg.seed * 7919u + id),
         s_(dev.make_stream()), peer_(dev.make_stream()), ev_(dev.make_event()),
         d_(dev.alloc<std::uint32_t>(n)), d2_(dev.alloc<std::uint32_t>(n)),
-        h_(dev.alloc_host<std::uint32_t>(n)), flag_(dev.alloc<std::uint32_t>(4)) {}
+        h_(dev.alloc_host<std::uint32_t>(n)), src_(dev.alloc_host<std::uint32_t>(n)),
+        flag_(dev.alloc<std::uint32_t>(4)) {}
 
   asio::awaitable<void> run(clock_type::time_point end) {
     while (clock_type::now() < end) {
@@ -134,9 +135,10 @@ class worker {
   asio::awaitable<void> copy_round_trip() {
     const std::uint32_t v = static_cast<std::uint32_t>(rng_());
     const std::size_t count = 1 + rng_() % n;
-    for (std::size_t i = 0; i < count; ++i) h_[i] = v + static_cast<std::uint32_t>(i);
-    s_.copy(d_.data(), h_.data(), count * 4);
+    // Pinned memory is read when the copy runs: the source stays untouched until then.
+    for (std::size_t i = 0; i < count; ++i) src_[i] = v + static_cast<std::uint32_t>(i);
     for (std::size_t i = 0; i < count; ++i) h_[i] = 0;
+    s_.copy(d_.data(), src_.data(), count * 4);
     const auto ec = co_await wait(s_.copy(h_.data(), d_.data(), count * 4));
     if (!co_await ok_or_injected(ec, "copy")) co_return;
     for (std::size_t i = 0; i < count; ++i)
@@ -249,7 +251,7 @@ class worker {
   cora::stream s_, peer_;
   cora::event ev_;
   cora::device_buffer<std::uint32_t> d_, d2_;
-  cora::host_buffer<std::uint32_t> h_;
+  cora::host_buffer<std::uint32_t> h_, src_;
   cora::device_buffer<std::uint32_t> flag_;
 };
 

@@ -145,7 +145,8 @@ TEST_F(fault_injection_test, DeviceLostCompletesEveryWaiterAndSparesOtherDevices
   // A stuck kernel with no timeout: only the loss ends it.
   faults().stuck_kernels = 1;
   std::vector<pending<void>> waits;
-  waits.push_back(streams[0].launch(kernels_.kernel("iota_u32"), {.grid = 1}, d, std::uint64_t{64}));
+  waits.push_back(
+      streams[0].launch(kernels_.kernel("iota_u32"), {.grid = 1}, d, std::uint64_t{64}));
   waits.push_back(streams[0].fill(d, 1));
   cora::event ev = dev().make_event();
   streams[0].record(ev);
@@ -153,7 +154,8 @@ TEST_F(fault_injection_test, DeviceLostCompletesEveryWaiterAndSparesOtherDevices
   waits.push_back(streams[1].fill(d, 2));
   // A real kernel, 10 s per block: the loss stops it at its next checkpoint.
   auto flags = dev().alloc<std::uint32_t>(4);
-  waits.push_back(streams[2].launch(kernels_.kernel("slow"), {.grid = 2}, std::uint64_t{10'000'000}, flags));
+  waits.push_back(streams[2].launch(kernels_.kernel("slow"), {.grid = 2},
+                                    std::uint64_t{10'000'000}, flags));
   // Every pending op and a synchronize of each stream, all waited for at once.
   asio::io_context ctx;
   std::vector<std::error_code> got(waits.size() + streams.size());
@@ -176,7 +178,8 @@ TEST_F(fault_injection_test, DeviceLostCompletesEveryWaiterAndSparesOtherDevices
   EXPECT_CORA_ERROR(streams[2].fill(d, 3).wait(), errc::device_lost);
   EXPECT_CORA_ERROR(dev().alloc<std::uint32_t>(4), errc::device_lost);
   EXPECT_CORA_ERROR(dev().make_stream(), errc::device_lost);
-  EXPECT_CORA_ERROR(dev().load_binary(kernel_file("test_kernels.corabin")).wait(), errc::device_lost);
+  EXPECT_CORA_ERROR(dev().load_binary(kernel_file("test_kernels.corabin")).wait(),
+                    errc::device_lost);
   // The other device of the runtime is untouched.
   auto s1 = dev(1).make_stream();
   auto d1 = dev(1).alloc<std::uint32_t>(64);

@@ -24,7 +24,10 @@ struct reader {
     --n;
     return *p++;
   }
-  std::size_t size(std::size_t max) { return max ? (byte() | (std::size_t{byte()} << 8)) % (max + 1) : 0; }
+  std::size_t size(std::size_t max) {
+    const std::size_t v = byte() | (std::size_t{byte()} << 8);
+    return max ? v % (max + 1) : 0;
+  }
 };
 
 struct fixture {
@@ -35,7 +38,8 @@ struct fixture {
   fixture() {
     if (aclInit(nullptr) != ACL_SUCCESS || aclrtSetDevice(0) != ACL_SUCCESS) std::abort();
     const char* dir = std::getenv("CORA_TEST_KERNELS_DIR");
-    const std::string path = std::string(dir && *dir ? dir : CORA_FUZZ_KERNELS_DIR) + "/test_kernels.corabin";
+    const std::string path =
+        std::string(dir && *dir ? dir : CORA_FUZZ_KERNELS_DIR) + "/test_kernels.corabin";
     if (aclrtBinaryLoadFromFile(path.c_str(), nullptr, &bin) != ACL_SUCCESS) std::abort();
     for (const char* name : {"empty", "add_f32", "mixed_args", "many_params", "scale_7", "slow"}) {
       aclrtFuncHandle f = nullptr;
@@ -125,12 +129,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       case 7:  // Launch, only the parameterless kernel: the others would use random pointers
         if (func == fx.empty && finalized) {
-          r = aclrtLaunchKernelWithConfig(func, 1 + in.byte() % 4, fx.stream, nullptr, args, nullptr);
+          const std::uint32_t blocks = 1 + in.byte() % 4;
+          r = aclrtLaunchKernelWithConfig(func, blocks, fx.stream, nullptr, args, nullptr);
           require(aclrtSynchronizeStream(fx.stream) == ACL_SUCCESS || r != ACL_SUCCESS);
         }
         break;
       case 8:  // A stale or foreign handle
-        r = aclrtKernelArgsFinalize(in.byte() & 1 ? static_cast<aclrtArgsHandle>(scratch) : nullptr);
+        r = aclrtKernelArgsFinalize(in.byte() & 1 ? static_cast<aclrtArgsHandle>(scratch)
+                                                  : nullptr);
         require(r != ACL_SUCCESS);
         break;
       case 9: {

@@ -74,7 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   const auto written = write_corabin(inputs, c.kernels);
   corabin again = parse_corabin(written, ec, message);
-  require(!ec && again.images.size() == c.images.size() && again.kernels.size() == c.kernels.size());
+  require(!ec && again.images.size() == c.images.size() &&
+          again.kernels.size() == c.kernels.size());
   for (std::size_t i = 0; i < c.kernels.size(); ++i) {
     require(again.kernels[i].name == c.kernels[i].name);
     require(again.kernels[i].entry_key == c.kernels[i].entry_key);

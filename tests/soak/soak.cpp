@@ -168,7 +168,8 @@ class worker {
     const auto rec = co_await wait(std::move(recorded));
     if (!co_await ok_or_injected(rec, "event record")) co_return;
     if (!co_await ok_or_injected(ec, "event chain")) co_return;
-    if (h_[0] != 0x01010101u * v || h_[n - 1] != 0x01010101u * v) co_return bad("event chain: wrong data");
+    if (h_[0] != 0x01010101u * v || h_[n - 1] != 0x01010101u * v)
+      co_return bad("event chain: wrong data");
     c_.ops.fetch_add(5);
   }
 
@@ -201,7 +202,8 @@ class worker {
 
   asio::awaitable<void> load_unload() {
     c_.waits_started.fetch_add(1, std::memory_order_relaxed);
-    auto [ec, b] = co_await dev_.load_binary(cfg_.kernels + "/test_kernels.corabin").async_wait(as_tuple);
+    auto loading = dev_.load_binary(cfg_.kernels + "/test_kernels.corabin");
+    auto [ec, b] = co_await loading.async_wait(as_tuple);
     c_.waits_completed.fetch_add(1, std::memory_order_relaxed);
     if (ec) co_return bad("load", ec);
     auto k = b.kernel("iota_u32");
@@ -272,7 +274,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", cfg.seed, "random seed");
   app.add_option("--kernels", cfg.kernels, "folder of test_kernels.corabin");
   bool no_faults = false;
-  app.add_flag("--no-faults", no_faults, "no traps or injected faults (a GPU context would not survive them)");
+  app.add_flag("--no-faults", no_faults,
+               "no traps or injected faults (a GPU context would not survive them)");
   CLI11_PARSE(app, argc, argv);
   cfg.faults = !no_faults;
   if (cfg.kernels.empty()) {
@@ -289,7 +292,7 @@ int main(int argc, char** argv) {
     backend = dev.backend() == cora::backend_kind::cuda ? "cuda" : "cpu";
     auto* cpu = dynamic_cast<cora::backend::cpu::cpu_device*>(dev.state()->backend.get());
     if (!cpu && cfg.faults) {
-      std::fprintf(stderr, "soak: faults are injected on the CPU device only; traps need --no-faults on a GPU\n");
+      std::fprintf(stderr, "soak: faults are injected on the CPU device only: use --no-faults\n");
       return 2;
     }
     cora::binary bin = dev.load_binary(cfg.kernels + "/test_kernels.corabin").wait();
@@ -345,7 +348,8 @@ int main(int argc, char** argv) {
       c.wrong.fetch_add(1);
     }
   }
-  const bool ok = c.wrong.load() == 0 && lost == 0 && c.expected_errors.load() == c.seen_errors.load();
+  const bool ok =
+      c.wrong.load() == 0 && lost == 0 && c.expected_errors.load() == c.seen_errors.load();
   std::printf("soak: %s\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

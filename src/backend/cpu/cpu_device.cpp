@@ -504,7 +504,8 @@ void cpu_device::execute(op* o) {
     case op::kind::fill: {
       if (o->fault == op::injected::copy_fault) {
         int expected = CORA_CPU_OK;
-        if (o->status.compare_exchange_strong(expected, status_copy_fault, std::memory_order_acq_rel))
+        if (o->status.compare_exchange_strong(expected, status_copy_fault,
+                                              std::memory_order_acq_rel))
           o->message = "injected copy fault";
         return;
       }
@@ -530,7 +531,8 @@ void cpu_device::execute(op* o) {
           // Stopped by the device (shutdown, loss), unless a block of its own failed first:
           // skipped blocks must not pass for a successful launch.
           int expected = CORA_CPU_OK;
-          if (o->status.compare_exchange_strong(expected, CORA_CPU_ABORTED, std::memory_order_acq_rel))
+          if (o->status.compare_exchange_strong(expected, CORA_CPU_ABORTED,
+                                                std::memory_order_acq_rel))
             o->message = "launch aborted: device lost or shut down";
           return;
         }

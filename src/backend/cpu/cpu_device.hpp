@@ -28,7 +28,7 @@ class cpu_stream;
 /// next operations of its kind enqueued on any stream of the device, one fault per operation.
 struct fault_injection {
   std::atomic<unsigned> alloc_failures{0};  ///< alloc() fails with out_of_memory
-  std::atomic<unsigned> copy_faults{0};     ///< a copy or fill writes nothing, fails with copy_fault
+  std::atomic<unsigned> copy_faults{0};     ///< a copy or fill writes nothing: copy_fault
   std::atomic<unsigned> kernel_traps{0};    ///< a launch traps without running: kernel_fault
   /// A launch never finishes by itself: it fails with kernel_timeout at its timeout attribute,
   /// or with device_lost when the device is declared lost or shut down.

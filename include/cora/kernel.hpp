@@ -122,7 +122,7 @@ inline void check(bool ok, const char* what = nullptr) {
 
 inline void checkpoint() {
   const cora_cpu_launch* l = detail::current_launch;
-  if (l->abort_flag && *l->abort_flag)
+  if (l->abort_flag && __atomic_load_n(l->abort_flag, __ATOMIC_RELAXED))
     throw detail::kernel_stop{CORA_CPU_ABORTED, "launch aborted by the device"};
   if (l->deadline_ns && clock_ns() > l->deadline_ns)
     throw detail::kernel_stop{CORA_CPU_TIMEOUT, "kernel ran past its timeout"};

@@ -35,6 +35,11 @@ constexpr std::size_t copy_piece = std::size_t{1} << 20;
 // Status of an op whose injected copy fault ran; beside the kernel ABI's statuses.
 constexpr int status_copy_fault = 100;
 
+// The abort flag is read by running kernels while the device sets it: atomically, though the
+// kernel ABI shows it as a plain volatile word.
+void set_abort(op* o) noexcept { __atomic_store_n(&o->abort, 1u, __ATOMIC_RELAXED); }
+bool aborted(const op* o) noexcept { return __atomic_load_n(&o->abort, __ATOMIC_RELAXED) != 0; }
+
 std::error_code status_code(int status) {
   switch (status) {
     case CORA_CPU_TIMEOUT: return make_error_code(errc::kernel_timeout);
@@ -183,8 +188,8 @@ bool cpu_stream::add_dependent(std::uint64_t seq, op* waiter) {
 
 void cpu_stream::abort_running() noexcept {
   std::lock_guard lock(mutex_);
-  if (running_) running_->abort = 1;
-  for (op* o : queue_) o->abort = 1;
+  if (running_) set_abort(running_);
+  for (op* o : queue_) set_abort(o);
 }
 
 void cpu_stream::copy(std::uint64_t seq, void* dst, const void* src, std::size_t bytes,
@@ -527,7 +532,7 @@ void cpu_device::execute(op* o) {
       const void* args = o->device_args ? o->device_args : static_cast<const void*>(o->args.data());
       char message[256];
       for (;;) {
-        if (o->abort) {
+        if (aborted(o)) {
           // Stopped by the device (shutdown, loss), unless a block of its own failed first:
           // skipped blocks must not pass for a successful launch.
           int expected = CORA_CPU_OK;
@@ -547,7 +552,7 @@ void cpu_device::execute(op* o) {
             o->message = message;
             if (o->message.empty()) o->message = "kernel failed";
           }
-          o->abort = 1;
+          set_abort(o);
           return;
         }
       }
@@ -582,10 +587,10 @@ void cpu_device::run_injected(op* o) {
     return;
   }
   // A stuck kernel: every piece holds its worker until the deadline or an abort.
-  while (!o->abort && !lost() && !stopped()) {
+  while (!aborted(o) && !lost() && !stopped()) {
     if (o->launch.deadline_ns && now_ns() >= o->launch.deadline_ns) {
       fail(CORA_CPU_TIMEOUT, "injected stuck kernel ran past its timeout");
-      o->abort = 1;
+      set_abort(o);
       return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));

@@ -14,6 +14,8 @@ if(NOT TARGET cora_asio)
   add_library(cora_asio INTERFACE)
   target_include_directories(cora_asio SYSTEM INTERFACE ${CORA_ASIO_INCLUDE_DIR})
   target_compile_definitions(cora_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED)
+  # Asio 1.22 looks for clang's pre-C++20 coroutines TS only; clang has C++20 coroutines too.
+  target_compile_definitions(cora_asio INTERFACE $<$<CXX_COMPILER_ID:Clang>:ASIO_HAS_CO_AWAIT=1>)
   target_link_libraries(cora_asio INTERFACE Threads::Threads)
 endif()
 

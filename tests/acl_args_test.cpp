@@ -214,6 +214,22 @@ TEST_P(acl_args_test, SizesForUserMemory) {
   EXPECT_EQ(aclrtKernelArgsGetHandleMemSize(&bogus, &handle_size), ACL_ERROR_RT_INVALID_HANDLE);
 }
 
+// Found by tests/fuzz/acl_args_fuzz under UBSan: finalizing the empty list of a kernel without
+// parameters copied from a null pointer.
+TEST_P(acl_args_test, InitByUserMemForAKernelWithoutParameters) {
+  aclrtFuncHandle empty = kernel("empty");
+  size_t handle_size = 0, mem_size = 0;
+  ASSERT_EQ(aclrtKernelArgsGetHandleMemSize(empty, &handle_size), ACL_SUCCESS);
+  ASSERT_EQ(aclrtKernelArgsGetMemSize(empty, 0, &mem_size), ACL_SUCCESS);
+  std::vector<unsigned char> handle_mem(handle_size), data(mem_size + 8, 0xee);
+  aclrtArgsHandle args = handle_mem.data();
+  ASSERT_EQ(aclrtKernelArgsInitByUserMem(empty, args, data.data(), data.size()), ACL_SUCCESS);
+  ASSERT_EQ(aclrtKernelArgsFinalize(args), ACL_SUCCESS);
+  EXPECT_EQ(data[0], 0xee);  // nothing to write
+  ASSERT_EQ(aclrtLaunchKernelWithConfig(empty, 2, nullptr, nullptr, args, nullptr), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+}
+
 TEST_P(acl_args_test, InitByUserMem) {
   aclrtFuncHandle add = kernel("add_f32");
   size_t handle_size = 0, mem_size = 0;

@@ -33,6 +33,7 @@ enum class errc {
   driver_error,           ///< the driver reported an error (see the message)
   not_ready,              ///< the operation has not completed yet
   timed_out,              ///< a wait ran past its timeout
+  copy_fault,             ///< a copy or fill failed on the device (bad address, DMA error)
 };
 
 /// The category of cora::errc; name() is "cora".

@@ -122,7 +122,7 @@ inline void check(bool ok, const char* what = nullptr) {
 
 inline void checkpoint() {
   const cora_cpu_launch* l = detail::current_launch;
-  if (l->abort_flag && *l->abort_flag)
+  if (l->abort_flag && __atomic_load_n(l->abort_flag, __ATOMIC_RELAXED))
     throw detail::kernel_stop{CORA_CPU_ABORTED, "launch aborted by the device"};
   if (l->deadline_ns && clock_ns() > l->deadline_ns)
     throw detail::kernel_stop{CORA_CPU_TIMEOUT, "kernel ran past its timeout"};
@@ -237,6 +237,14 @@ int run_blocks(const cora_cpu_launch* launch, std::uint32_t first, std::uint32_t
 }  // namespace cora
 
 /// Emitted after a kernel's definition by the generated registration unit of
+// Clang's AddressSanitizer pads instrumented globals with redzones, which would break the
+// packed array of records that the section must hold; GCC leaves sectioned globals alone.
+#if defined(__clang__)
+#define CORA_DETAIL_RECORD_NO_ASAN __attribute__((no_sanitize("address")))
+#else
+#define CORA_DETAIL_RECORD_NO_ASAN
+#endif
+
 /// cora_add_kernel_binary: the entry function and the kernel's metadata record.
 #define CORA_REGISTER_KERNEL(name)                                                         \
   extern "C" __attribute__((visibility("default"))) int cora_cpu_entry_##name(             \
@@ -245,7 +253,8 @@ int run_blocks(const cora_cpu_launch* launch, std::uint32_t first, std::uint32_t
     return ::cora::detail::run_blocks<&name>(launch, first, last, args, message,           \
                                              message_size);                                \
   }                                                                                        \
-  [[gnu::used, gnu::section(CORA_KERNEL_RECORD_SECTION)]] constexpr cora_kernel_record     \
-      cora_kernel_record_##name = ::cora::detail::make_kernel_record<&name>(#name);
+  [[gnu::used, gnu::section(CORA_KERNEL_RECORD_SECTION)]] CORA_DETAIL_RECORD_NO_ASAN       \
+  constexpr cora_kernel_record cora_kernel_record_##name =                                   \
+      ::cora::detail::make_kernel_record<&name>(#name);
 
 #endif

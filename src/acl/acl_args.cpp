@@ -199,7 +199,8 @@ aclError aclrtKernelArgsFinalize(aclrtArgsHandle argsHandle) {
                     "the argument block (" + std::to_string(block.size()) +
                         " bytes) does not fit the user memory of " + std::to_string(a->user_size) +
                         " bytes (size it with aclrtKernelArgsGetMemSize)");
-      std::memcpy(a->user_mem, block.data(), block.size());
+      // A kernel without parameters has an empty block, and no data() to copy from.
+      if (!block.empty()) std::memcpy(a->user_mem, block.data(), block.size());
     }
     return ACL_SUCCESS;
   });

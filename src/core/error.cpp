@@ -36,6 +36,7 @@ class category final : public std::error_category {
       case errc::driver_error: return "driver error";
       case errc::not_ready: return "not ready";
       case errc::timed_out: return "timed out";
+      case errc::copy_fault: return "copy fault";
     }
     return "unknown cora error";
   }

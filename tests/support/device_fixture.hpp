@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <cora/cora.hpp>
@@ -65,7 +66,10 @@ class device_test : public ::testing::TestWithParam<backend> {
   }
   /// test_kernels.corabin, loaded once per backend.
   cora::binary& kernels() {
+    // Coroutines of a test call this from the threads running their executors.
+    static std::mutex mutex;
     static std::map<backend, cora::binary> loaded;
+    std::lock_guard lock(mutex);
     auto& b = loaded[GetParam()];
     if (!b) b = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
     return b;

@@ -32,10 +32,19 @@ constexpr auto worker_spin = std::chrono::microseconds(20);
 // Copies are split into pieces of at least this many bytes.
 constexpr std::size_t copy_piece = std::size_t{1} << 20;
 
+// Status of an op whose injected copy fault ran; beside the kernel ABI's statuses.
+constexpr int status_copy_fault = 100;
+
+// The abort flag is read by running kernels while the device sets it: atomically, though the
+// kernel ABI shows it as a plain volatile word.
+void set_abort(op* o) noexcept { __atomic_store_n(&o->abort, 1u, __ATOMIC_RELAXED); }
+bool aborted(const op* o) noexcept { return __atomic_load_n(&o->abort, __ATOMIC_RELAXED) != 0; }
+
 std::error_code status_code(int status) {
   switch (status) {
     case CORA_CPU_TIMEOUT: return make_error_code(errc::kernel_timeout);
     case CORA_CPU_ABORTED: return make_error_code(errc::device_lost);
+    case status_copy_fault: return make_error_code(errc::copy_fault);
     default: return make_error_code(errc::kernel_fault);
   }
 }
@@ -140,6 +149,12 @@ void cpu_stream::push(op* o) {
 
 void cpu_stream::finished(op* o, std::vector<op*>& ready) {
   std::lock_guard lock(mutex_);
+  // On a lost device nothing completes successfully, event waits and records included.
+  if (device_.lost()) {
+    int expected = CORA_CPU_OK;
+    if (o->status.compare_exchange_strong(expected, CORA_CPU_ABORTED, std::memory_order_acq_rel))
+      o->message = "device lost";
+  }
   const int status = o->status.load(std::memory_order_acquire);
   if (status != CORA_CPU_OK && fault_seq_.load(std::memory_order_relaxed) == ~std::uint64_t{0}) {
     fault_ = {o->seq, status_code(status), o->message};
@@ -173,8 +188,8 @@ bool cpu_stream::add_dependent(std::uint64_t seq, op* waiter) {
 
 void cpu_stream::abort_running() noexcept {
   std::lock_guard lock(mutex_);
-  if (running_) running_->abort = 1;
-  for (op* o : queue_) o->abort = 1;
+  if (running_) set_abort(running_);
+  for (op* o : queue_) set_abort(o);
 }
 
 void cpu_stream::copy(std::uint64_t seq, void* dst, const void* src, std::size_t bytes,
@@ -190,6 +205,7 @@ void cpu_stream::copy(std::uint64_t seq, void* dst, const void* src, std::size_t
     o->src = static_cast<const std::byte*>(src);
   }
   o->bytes = bytes;
+  if (fault_injection::take(device_.faults().copy_faults)) o->fault = op::injected::copy_fault;
   push(o);
 }
 
@@ -200,6 +216,7 @@ void cpu_stream::fill(std::uint64_t seq, void* dst, std::uint8_t value, std::siz
   o->dst = static_cast<std::byte*>(dst);
   o->value = value;
   o->bytes = bytes;
+  if (fault_injection::take(device_.faults().copy_faults)) o->fault = op::injected::copy_fault;
   push(o);
 }
 
@@ -244,6 +261,10 @@ void cpu_stream::launch(std::uint64_t seq, const launch_desc& l, std::error_code
   o->launch.grid[2] = cfg.grid.z;
   o->launch.block_count = o->grid;
   o->timeout_ns = static_cast<std::uint64_t>(cfg.timeout.count()) * 1000u;
+  if (fault_injection::take(device_.faults().kernel_traps))
+    o->fault = op::injected::trap;
+  else if (fault_injection::take(device_.faults().stuck_kernels))
+    o->fault = op::injected::stuck;
   ec.clear();
   push(o);
 }
@@ -333,7 +354,17 @@ cpu_device::cpu_device(unsigned ordinal, unsigned compute_units, std::size_t mem
 
 cpu_device::~cpu_device() { shutdown(); }
 
-void* cpu_device::alloc(std::size_t bytes, std::error_code& ec) { return memory_.allocate(bytes, ec); }
+void* cpu_device::alloc(std::size_t bytes, std::error_code& ec) {
+  if (lost()) {
+    ec = make_error_code(errc::device_lost);
+    return nullptr;
+  }
+  if (fault_injection::take(faults_.alloc_failures)) {
+    ec = make_error_code(errc::out_of_memory);
+    return nullptr;
+  }
+  return memory_.allocate(bytes, ec);
+}
 
 void cpu_device::free(void* p) noexcept { memory_.deallocate(p); }
 
@@ -359,6 +390,10 @@ void cpu_device::copy_sync(void* dst, const void* src, std::size_t bytes, std::e
 }
 
 std::unique_ptr<stream> cpu_device::create_stream(int, marker_wakeup, std::error_code& ec) {
+  if (lost()) {
+    ec = make_error_code(errc::device_lost);
+    return nullptr;
+  }
   ec.clear();
   return std::make_unique<cpu_stream>(*this);
 }
@@ -394,6 +429,11 @@ bool cpu_device::event_done(event& ev, std::error_code& ec) {
 
 std::unique_ptr<module> cpu_device::load(std::span<const std::byte> image, image_kind kind,
                                          std::error_code& ec, std::string& message) {
+  if (lost()) {
+    ec = make_error_code(errc::device_lost);
+    message = "device lost";
+    return nullptr;
+  }
   if (kind != image_kind::cpu_elf) {
     ec = make_error_code(errc::invalid_binary);
     message = "the CPU device runs only CPU kernel images";
@@ -410,6 +450,12 @@ void cpu_device::add_stream(cpu_stream* s) {
 void cpu_device::remove_stream(cpu_stream* s) {
   std::lock_guard lock(streams_mutex_);
   streams_.erase(s);
+}
+
+void cpu_device::declare_lost() noexcept {
+  lost_.store(true, std::memory_order_release);
+  std::lock_guard lock(streams_mutex_);
+  for (cpu_stream* s : streams_) s->abort_running();
 }
 
 void cpu_device::shutdown() noexcept {
@@ -457,9 +503,17 @@ void cpu_device::run_piece(op* o) {
 }
 
 void cpu_device::execute(op* o) {
+  if (lost()) return;  // finished() fails the op
   switch (o->k) {
     case op::kind::copy:
     case op::kind::fill: {
+      if (o->fault == op::injected::copy_fault) {
+        int expected = CORA_CPU_OK;
+        if (o->status.compare_exchange_strong(expected, status_copy_fault,
+                                              std::memory_order_acq_rel))
+          o->message = "injected copy fault";
+        return;
+      }
       const std::size_t i = o->next.fetch_add(1, std::memory_order_relaxed);
       const std::size_t begin = std::min(o->bytes, i * o->chunk);
       const std::size_t end = std::min(o->bytes, begin + o->chunk);
@@ -471,10 +525,22 @@ void cpu_device::execute(op* o) {
       return;
     }
     case op::kind::launch: {
+      if (o->fault != op::injected::none) {
+        run_injected(o);
+        return;
+      }
       const void* args = o->device_args ? o->device_args : static_cast<const void*>(o->args.data());
       char message[256];
       for (;;) {
-        if (o->abort) return;
+        if (aborted(o)) {
+          // Stopped by the device (shutdown, loss), unless a block of its own failed first:
+          // skipped blocks must not pass for a successful launch.
+          int expected = CORA_CPU_OK;
+          if (o->status.compare_exchange_strong(expected, CORA_CPU_ABORTED,
+                                                std::memory_order_acq_rel))
+            o->message = "launch aborted: device lost or shut down";
+          return;
+        }
         const std::uint32_t first = o->next.fetch_add(o->batch, std::memory_order_relaxed);
         if (first >= o->grid) return;
         const std::uint32_t last = std::min(o->grid, first + o->batch);
@@ -486,7 +552,7 @@ void cpu_device::execute(op* o) {
             o->message = message;
             if (o->message.empty()) o->message = "kernel failed";
           }
-          o->abort = 1;
+          set_abort(o);
           return;
         }
       }
@@ -508,6 +574,28 @@ void cpu_device::execute(op* o) {
     case op::kind::wait:
       return;
   }
+}
+
+void cpu_device::run_injected(op* o) {
+  auto fail = [o](int status, const char* message) {
+    int expected = CORA_CPU_OK;
+    if (o->status.compare_exchange_strong(expected, status, std::memory_order_acq_rel))
+      o->message = message;
+  };
+  if (o->fault == op::injected::trap) {
+    fail(CORA_CPU_TRAP, "injected kernel trap");
+    return;
+  }
+  // A stuck kernel: every piece holds its worker until the deadline or an abort.
+  while (!aborted(o) && !lost() && !stopped()) {
+    if (o->launch.deadline_ns && now_ns() >= o->launch.deadline_ns) {
+      fail(CORA_CPU_TIMEOUT, "injected stuck kernel ran past its timeout");
+      set_abort(o);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  fail(CORA_CPU_ABORTED, "injected stuck kernel stopped: device lost or shut down");
 }
 
 void cpu_device::finish(op* first) {

@@ -23,6 +23,26 @@ namespace cora::backend::cpu {
 class cpu_device;
 class cpu_stream;
 
+/// Faults the CPU device injects into its own work: a test hook for reliability tests
+/// (tests/fault_injection_test.cpp, tests/soak; docs/reliability.md). Each count applies to the
+/// next operations of its kind enqueued on any stream of the device, one fault per operation.
+struct fault_injection {
+  std::atomic<unsigned> alloc_failures{0};  ///< alloc() fails with out_of_memory
+  std::atomic<unsigned> copy_faults{0};     ///< a copy or fill writes nothing: copy_fault
+  std::atomic<unsigned> kernel_traps{0};    ///< a launch traps without running: kernel_fault
+  /// A launch never finishes by itself: it fails with kernel_timeout at its timeout attribute,
+  /// or with device_lost when the device is declared lost or shut down.
+  std::atomic<unsigned> stuck_kernels{0};
+
+  /// Takes one fault from `count`; false when none is left.
+  static bool take(std::atomic<unsigned>& count) noexcept {
+    unsigned n = count.load(std::memory_order_relaxed);
+    while (n != 0 && !count.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) {
+    }
+    return n != 0;
+  }
+};
+
 struct cpu_event final : event {
   explicit cpu_event(bool t) : timing(t) {}
   const bool timing;
@@ -35,7 +55,10 @@ struct cpu_event final : event {
 /// One unit of stream work. Launches and large copies run as several pieces on the pool.
 struct op {
   enum class kind : std::uint8_t { copy, fill, launch, host_func, record, wait };
+  /// A fault injected into this op when it was enqueued (see fault_injection).
+  enum class injected : std::uint8_t { none, copy_fault, trap, stuck };
   kind k = kind::copy;
+  injected fault = injected::none;
   std::uint64_t seq = 0;
   cpu_stream* stream = nullptr;
 
@@ -163,14 +186,25 @@ class cpu_device final : public device {
   unsigned workers() const noexcept { return pool_.size(); }
   bool stopped() const noexcept { return stopped_.load(std::memory_order_acquire); }
 
+  /// The device's fault injection plan (a test hook).
+  fault_injection& faults() noexcept { return faults_; }
+  /// Declares the device lost, as a driver does after an unrecoverable error: running and
+  /// queued work stops and fails with device_lost, as does everything enqueued later;
+  /// allocations, loads and new streams fail with device_lost. There is no way back.
+  void declare_lost() noexcept;
+  bool lost() const noexcept { return lost_.load(std::memory_order_acquire); }
+
  private:
   void finish(op* o);
   void execute(op* o);
+  void run_injected(op* o);
 
   device_info info_;
   device_memory memory_;
   std::atomic<std::uint64_t> markers_{0};
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> lost_{false};
+  fault_injection faults_;
   std::mutex streams_mutex_;
   std::set<cpu_stream*> streams_;
   worker_pool pool_;  // last: its threads use the members above

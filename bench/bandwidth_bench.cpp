@@ -64,15 +64,8 @@ void raw_cpu(benchmark::State& state, what w) {
 }
 
 #if defined(CORA_HAS_CUDA)
-cb::raw_cuda& raw(std::size_t ordinal) {
-  static std::map<std::size_t, cb::raw_cuda*> all;  // never destroyed: exit tears it down
-  auto& r = all[ordinal];
-  if (!r) r = new cb::raw_cuda(ordinal, cb::fatbin_of(cb::kernels_dir() + "/test_kernels.corabin"));
-  return *r;
-}
-
 void raw_gpu(benchmark::State& state, std::size_t ordinal, what w) {
-  auto& r = raw(ordinal);
+  auto& r = cb::raw_test_kernels(ordinal);
   r.bind();
   auto& a = r.api();
   CUstream s = r.make_stream();

@@ -74,14 +74,6 @@ void raw_cpu_threads(benchmark::State& state, int threads) {
 #if defined(CORA_HAS_CUDA)
 // --- raw: the CUDA driver ------------------------------------------------------------------
 
-cb::raw_cuda& raw(std::size_t ordinal) {
-  // Never destroyed: the process's exit tears the context down.
-  static std::map<std::size_t, cb::raw_cuda*> all;
-  auto& r = all[ordinal];
-  if (!r) r = new cb::raw_cuda(ordinal, cb::fatbin_of(cb::kernels_dir() + "/test_kernels.corabin"));
-  return *r;
-}
-
 struct raw_slot {
   explicit raw_slot(const cb::raw_cuda& rc) : r(rc) {
     stream = r.make_stream();
@@ -119,7 +111,7 @@ struct raw_slot {
 };
 
 void raw_cuda_threads(benchmark::State& state, std::size_t ordinal, int threads) {
-  auto& r = raw(ordinal);
+  auto& r = cb::raw_test_kernels(ordinal);
   r.bind();
   const CUfunction add = r.function("add_f32");
   // Streams and buffers first, so that setting them up takes nothing from the window.
@@ -144,7 +136,7 @@ void raw_cuda_threads(benchmark::State& state, std::size_t ordinal, int threads)
 }
 
 void raw_cuda_poll(benchmark::State& state, std::size_t ordinal, int streams) {
-  auto& r = raw(ordinal);
+  auto& r = cb::raw_test_kernels(ordinal);
   r.bind();
   const CUfunction add = r.function("add_f32");
   for (auto _ : state) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
 #include "backend/cuda/cuda_driver.hpp"
 #include "core/binary_format.hpp"
 #include "io/file_reader.hpp"
@@ -110,6 +111,15 @@ class raw_cuda {
   CUmodule module_ = nullptr;
   std::map<std::string, CUfunction> functions_;
 };
+
+/// Device `ordinal`'s raw side with test_kernels.corabin loaded, made on first use and never
+/// destroyed (process exit tears the driver down).
+inline raw_cuda& raw_test_kernels(std::size_t ordinal) {
+  static std::map<std::size_t, raw_cuda*> all;
+  auto& r = all[ordinal];
+  if (!r) r = new raw_cuda(ordinal, fatbin_of(kernels_dir() + "/test_kernels.corabin"));
+  return *r;
+}
 
 /// `kernelParams` for cuLaunchKernel: a pointer to each argument.
 template <class... A>

@@ -70,17 +70,10 @@ void async_wait_empty_launch(benchmark::State& state, std::size_t index, cora::c
 }
 
 #if defined(CORA_HAS_CUDA)
-cb::raw_cuda& raw(std::size_t ordinal) {
-  static std::map<std::size_t, cb::raw_cuda*> all;  // never destroyed: exit tears it down
-  auto& r = all[ordinal];
-  if (!r) r = new cb::raw_cuda(ordinal, cb::fatbin_of(cb::kernels_dir() + "/test_kernels.corabin"));
-  return *r;
-}
-
 enum class raw_wait { event_spin, stream_sync, host_func };
 
 void raw_empty_launch(benchmark::State& state, std::size_t ordinal, raw_wait how) {
-  auto& r = raw(ordinal);
+  auto& r = cb::raw_test_kernels(ordinal);
   r.bind();
   auto& a = r.api();
   const CUfunction empty = r.function("empty");

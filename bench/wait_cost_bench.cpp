@@ -105,15 +105,8 @@ void raw_cpu(benchmark::State& state, int k, bool spin) {
 #if defined(CORA_HAS_CUDA)
 // --- raw, CUDA driver --------------------------------------------------------------------
 
-cb::raw_cuda& raw(std::size_t ordinal) {
-  static std::map<std::size_t, cb::raw_cuda*> all;  // never destroyed: exit tears it down
-  auto& r = all[ordinal];
-  if (!r) r = new cb::raw_cuda(ordinal, cb::fatbin_of(cb::kernels_dir() + "/test_kernels.corabin"));
-  return *r;
-}
-
 void raw_cuda_wait(benchmark::State& state, std::size_t ordinal, int k, bool spin) {
-  auto& r = raw(ordinal);
+  auto& r = cb::raw_test_kernels(ordinal);
   r.bind();
   const CUfunction slow = r.function("slow");
   // Each waiter's stream, event and flag, made before anything is metered.

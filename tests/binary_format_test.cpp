@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "cora/error.hpp"
+#include "support/device_fixture.hpp"
 
 namespace cora::detail {
 namespace {
@@ -43,7 +44,7 @@ TEST(binary_format, SniffsEveryFormatByItsMagic) {
 }
 
 TEST(binary_format, ReadsTheKernelRecordsOfACpuImage) {
-  auto image = read_file(std::string(CORA_TEST_KERNELS_DIR) + "/test_kernels.cora/test_kernels.cpu.so");
+  auto image = read_file(cora::test::kernel_file("test_kernels.cora/test_kernels.cpu.so").string());
   ASSERT_FALSE(image.empty());
   EXPECT_EQ(sniff_binary(image), binary_kind::cpu_elf);
   std::error_code ec;
@@ -84,7 +85,7 @@ TEST(binary_format, ContainerRoundTrips) {
 }
 
 TEST(binary_format, EveryTruncationOfAContainerIsRejected) {
-  auto c = read_file(std::string(CORA_TEST_KERNELS_DIR) + "/test_kernels.corabin");
+  auto c = read_file(cora::test::kernel_file("test_kernels.corabin").string());
   ASSERT_GT(c.size(), 1000u);
   for (std::size_t n : {std::size_t{0}, std::size_t{8}, std::size_t{39}, std::size_t{40}, std::size_t{100},
                         c.size() / 2, c.size() - 1}) {

@@ -66,7 +66,7 @@ TEST_P(device_test_suite, SynchronizeWaitsForEveryStream) {
 }
 
 TEST_P(device_test_suite, SynchronizeReportsAStreamsFault) {
-  skip_faults_on_gpu();
+  CORA_SKIP_FAULTS_ON_GPU();
   auto s = dev().make_stream();
   auto flags = dev().alloc<std::uint32_t>(1);
   s.launch(kernels().kernel("trap"), {}, flags);

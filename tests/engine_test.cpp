@@ -157,7 +157,7 @@ TEST_P(engine_test, CancelledWaitCompletesWithOperationAborted) {
 }
 
 TEST_P(engine_test, FaultReachesEveryWaiterOfTheStreamOnly) {
-  skip_faults_on_gpu();
+  CORA_SKIP_FAULTS_ON_GPU();
   asio::io_context ctx;
   auto s = dev().make_stream(), other = dev().make_stream();
   auto flags = dev().alloc<std::uint32_t>(4);

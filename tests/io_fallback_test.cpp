@@ -15,6 +15,7 @@
 #include <string>
 
 #include "cora/cora.hpp"
+#include "support/device_fixture.hpp"
 #include "support/temp_files.hpp"
 
 namespace cora::test {
@@ -68,7 +69,7 @@ TEST(io_fallback, FilesStillReachTheDevice) {
   auto h = dev.alloc_host<std::uint8_t>(size);
   s.copy(h, d).wait();
   EXPECT_EQ(pattern_mismatch(h.data(), size, 0), -1);
-  auto bin = dev.load_binary(std::filesystem::path(CORA_TEST_KERNELS_DIR) / "test_kernels.corabin").wait();
+  auto bin = dev.load_binary(kernel_file("test_kernels.corabin")).wait();
   EXPECT_TRUE(bin.kernel("add_f32"));
 }
 

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -528,7 +529,9 @@ TEST_P(kernel_server_test, ProgramStopsGracefullyOnSigterm) {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
     posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::string program = KERNEL_SERVER_PROGRAM,
+    // CORA_TEST_KERNEL_SERVER: where a build copied to another machine keeps the program.
+    const char* moved = std::getenv("CORA_TEST_KERNEL_SERVER");
+    std::string program = moved && *moved ? moved : KERNEL_SERVER_PROGRAM,
                 kernels = kernel_file("test_kernels.corabin").string();
     std::vector<std::string> args = {program, "--port",         "0",         "--threads",
                                      "2",     "--enable-sleep", "--kernels", kernels};

@@ -115,7 +115,7 @@ TEST_P(stream_test, ZeroByteCopyCompletesAtOnce) {
 }
 
 TEST_P(stream_test, TrapFailsTheStreamUntilSynchronizeReportsIt) {
-  skip_faults_on_gpu();
+  CORA_SKIP_FAULTS_ON_GPU();
   auto s = dev().make_stream();
   auto other = dev().make_stream();
   auto flags = dev().alloc<std::uint32_t>(4);

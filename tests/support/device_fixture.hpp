@@ -59,11 +59,6 @@ class device_test : public ::testing::TestWithParam<backend> {
     if (!rt_) GTEST_SKIP() << "no " << (GetParam() == backend::cpu ? "CPU" : "CUDA") << " device here";
   }
   cora::device& dev() { return rt_->device(0); }
-  /// A GPU fault is sticky for the whole context: suites sharing one runtime fault only on the
-  /// CPU device (cuda_backend_test checks GPU faults in child processes).
-  void skip_faults_on_gpu() {
-    if (GetParam() == backend::cuda) GTEST_SKIP() << "a fault would break the shared CUDA context";
-  }
   /// test_kernels.corabin, loaded once per backend.
   cora::binary& kernels() {
     // Coroutines of a test call this from the threads running their executors.
@@ -82,6 +77,15 @@ class device_test : public ::testing::TestWithParam<backend> {
                            ::testing::Values(::cora::test::backend::cpu,                    \
                                              ::cora::test::backend::cuda),                  \
                            ::cora::test::backend_name)
+
+/// In a device suite's test body: a GPU fault is sticky for the whole context, so suites sharing
+/// one runtime fault only on the CPU device (cuda_backend_test checks GPU faults in child
+/// processes). A macro, because GTEST_SKIP() returns from the function it is written in.
+#define CORA_SKIP_FAULTS_ON_GPU()                                                           \
+  do {                                                                                      \
+    if (GetParam() == ::cora::test::backend::cuda)                                          \
+      GTEST_SKIP() << "a fault would break the shared CUDA context";                        \
+  } while (0)
 
 /// Runs `f` on another thread and fails the test if it takes longer than `limit` (a hang).
 template <class F>

@@ -96,6 +96,27 @@ TEST(binary_format, EveryTruncationOfAContainerIsRejected) {
   }
 }
 
+TEST(binary_format, EveryChangedByteOfAnImageFailsItsChecksum) {
+  // 100 bytes: whole words in every lane and a tail of bytes after them.
+  std::string ptx = ".version 8.0\n.target sm_90\n// ";
+  while (ptx.size() < 100) ptx += static_cast<char>('a' + ptx.size() % 26);
+  std::vector<corabin_input> images{{binary_kind::cuda_ptx, 0, bytes_of(ptx)}};
+  const auto c = write_corabin(images, {});
+  std::error_code ec;
+  std::string message;
+  const auto parsed = parse_corabin(c, ec, message);
+  ASSERT_FALSE(ec) << message;
+  const auto offset = static_cast<std::size_t>(parsed.images[0].bytes.data() - c.data());
+  for (std::size_t i = 0; i < ptx.size(); ++i)
+    for (unsigned flip : {0x01u, 0x80u, 0xffu}) {
+      auto bad = c;
+      bad[offset + i] ^= static_cast<std::byte>(flip);
+      parse_corabin(bad, ec, message);
+      ASSERT_EQ(ec, make_error_code(errc::invalid_binary)) << "byte " << i << " ^ " << flip;
+      EXPECT_NE(message.find("checksum"), std::string::npos) << message;
+    }
+}
+
 TEST(binary_format, ImageThatIsNotWhatItsEntrySaysIsRejected) {
   std::vector<corabin_input> images{{binary_kind::cuda_fatbin, 0, bytes_of("not a fatbin at all, really")}};
   auto c = write_corabin(images, {});

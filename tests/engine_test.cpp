@@ -260,8 +260,9 @@ TEST_P(engine_test, StressManyCoroutinesManyStreams) {
             case 2: co_await s.fill(x, 0); break;
             default: {
               auto p = s.launch(empty, {});  // awaited later, with another op in between
-              s.fill(z, 1);
+              auto q = s.fill(z, 1);
               co_await p;
+              co_await q;  // z is used next on another stream: the fill must be done by then
             }
           }
           ++done;

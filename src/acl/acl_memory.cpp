@@ -54,12 +54,7 @@ aclError aclrtFree(void* devPtr) {
   return guarded(api, [&]() -> aclError {
     CORA_ACL_REQUIRE(devPtr, "devPtr is NULL");
     std::shared_ptr<cora::runtime> rt;
-    {
-      auto& st = state::get();
-      std::lock_guard lock(st.mutex);
-      if (aclError e = require_init_locked(st, api)) return e;
-      rt = st.runtime;
-    }
+    if (aclError e = initialized_runtime(api, rt)) return e;
     // Free it on the device that owns it, whichever device the thread has set.
     cora::device* owner = &rt->device(0);
     const auto r = classify(*owner, devPtr, 1);
@@ -91,12 +86,7 @@ aclError aclrtFreeHost(void* hostPtr) {
   return guarded(api, [&]() -> aclError {
     CORA_ACL_REQUIRE(hostPtr, "hostPtr is NULL");
     std::shared_ptr<cora::runtime> rt;
-    {
-      auto& st = state::get();
-      std::lock_guard lock(st.mutex);
-      if (aclError e = require_init_locked(st, api)) return e;
-      rt = st.runtime;
-    }
+    if (aclError e = initialized_runtime(api, rt)) return e;
     std::error_code ec;
     rt->device(0).free_host(hostPtr, ec);  // pinned memory is tracked runtime-wide
     if (ec) return fail(ec, api, cora::last_error_message());

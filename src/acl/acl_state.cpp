@@ -198,6 +198,14 @@ aclError require_init_locked(state& st, const char* api) {
   return ACL_SUCCESS;
 }
 
+aclError initialized_runtime(const char* api, std::shared_ptr<cora::runtime>& out) {
+  auto& st = state::get();
+  std::lock_guard lock(st.mutex);
+  if (aclError e = require_init_locked(st, api)) return e;
+  out = st.runtime;
+  return ACL_SUCCESS;
+}
+
 void bind_thread_locked(state& st, std::size_t index) {
   current_binding = {index, st.epoch, st.devices[index].generation, true};
 }
@@ -221,6 +229,21 @@ aclError current(const char* api, context& out) {
   return current_locked(st, api, out);
 }
 
+namespace {
+
+// One of a device's own streams (default or synchronous copies), made on first use.
+const std::shared_ptr<stream_obj>& device_stream(std::shared_ptr<stream_obj>& slot, const context& ctx) {
+  if (!slot) {
+    auto s = std::make_shared<stream_obj>();
+    s->s = ctx.device->make_stream();
+    s->device = ctx.index;
+    slot = std::move(s);
+  }
+  return slot;
+}
+
+}  // namespace
+
 aclError resolve_stream_locked(state& st, const char* api, aclrtStream handle,
                                std::shared_ptr<stream_obj>& out) {
   if (handle) {
@@ -234,14 +257,7 @@ aclError resolve_stream_locked(state& st, const char* api, aclrtStream handle,
   }
   context ctx;
   if (aclError e = current_locked(st, api, ctx)) return e;
-  auto& slot = st.devices[ctx.index];
-  if (!slot.default_stream) {
-    auto s = std::make_shared<stream_obj>();
-    s->s = ctx.device->make_stream();
-    s->device = ctx.index;
-    slot.default_stream = std::move(s);
-  }
-  out = slot.default_stream;
+  out = device_stream(st.devices[ctx.index].default_stream, ctx);
   return ACL_SUCCESS;
 }
 
@@ -253,14 +269,7 @@ aclError resolve_stream(const char* api, aclrtStream handle, std::shared_ptr<str
 
 aclError sync_stream_locked(state& st, const char*, const context& ctx,
                             std::shared_ptr<stream_obj>& out) {
-  auto& slot = st.devices[ctx.index];
-  if (!slot.sync_stream) {
-    auto s = std::make_shared<stream_obj>();
-    s->s = ctx.device->make_stream();
-    s->device = ctx.index;
-    slot.sync_stream = std::move(s);
-  }
-  out = slot.sync_stream;
+  out = device_stream(st.devices[ctx.index].sync_stream, ctx);
   return ACL_SUCCESS;
 }
 

@@ -195,6 +195,8 @@ struct context {
 
 /// Fails with ACL_ERROR_UNINITIALIZE before aclInit.
 aclError require_init_locked(state& st, const char* api);
+/// The runtime made by aclInit (ACL_ERROR_UNINITIALIZE before it), whatever device is set.
+aclError initialized_runtime(const char* api, std::shared_ptr<cora::runtime>& out);
 /// The calling thread's device: ACL_ERROR_UNINITIALIZE, ACL_ERROR_RT_CONTEXT_NULL without one.
 aclError current_locked(state& st, const char* api, context& out);
 aclError current(const char* api, context& out);

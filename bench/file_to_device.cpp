@@ -165,6 +165,22 @@ class rate {
   double seconds_ = 0;
 };
 
+/// Runs the benchmark's iterations: the file made ready (cache warm or evicted) outside the
+/// timing, then `body` timed; reports GB/s of the file's size.
+template <class Body>
+void run_timed(benchmark::State& state, setup& s, bool cold, Body body) {
+  rate r;
+  for (auto _ : state) {
+    state.PauseTiming();
+    if (!s.prepare(state, cold)) break;
+    state.ResumeTiming();
+    r.start();
+    body();
+    r.stop();
+  }
+  r.report(state, s.size);
+}
+
 /// cora's path: stream::read_file. Args: cold, direct, chunk MiB, depth.
 void overlapped(benchmark::State& state) {
   auto& s = the_setup();
@@ -173,47 +189,22 @@ void overlapped(benchmark::State& state) {
   o.direct = state.range(1) != 0;
   o.chunk_bytes = static_cast<std::size_t>(state.range(2)) * mib;
   o.depth = static_cast<unsigned>(state.range(3));
-  rate r;
-  for (auto _ : state) {
-    state.PauseTiming();
-    if (!s.prepare(state, cold)) break;
-    state.ResumeTiming();
-    r.start();
-    s.stream.read_file(s.device.data(), s.file, 0, s.size, o).wait();
-    r.stop();
-  }
-  r.report(state, s.size);
+  run_timed(state, s, cold, [&] { s.stream.read_file(s.device.data(), s.file, 0, s.size, o).wait(); });
 }
 
 /// The serial path: pread everything into pinned memory, then one host-to-device copy.
 void serial(benchmark::State& state) {
   auto& s = the_setup();
-  rate r;
-  for (auto _ : state) {
-    state.PauseTiming();
-    if (!s.prepare(state, state.range(0) != 0)) break;
-    state.ResumeTiming();
-    r.start();
+  run_timed(state, s, state.range(0) != 0, [&] {
     s.pread_all();
     s.stream.copy(s.device, s.pinned).wait();
-    r.stop();
-  }
-  r.report(state, s.size);
+  });
 }
 
 /// The file stage alone: pread into pinned memory.
 void read_stage(benchmark::State& state) {
   auto& s = the_setup();
-  rate r;
-  for (auto _ : state) {
-    state.PauseTiming();
-    if (!s.prepare(state, state.range(0) != 0)) break;
-    state.ResumeTiming();
-    r.start();
-    s.pread_all();
-    r.stop();
-  }
-  r.report(state, s.size);
+  run_timed(state, s, state.range(0) != 0, [&] { s.pread_all(); });
 }
 
 /// The copy stage alone: pinned memory to the device.

@@ -62,7 +62,7 @@ def best(results, prefix, counter, pred=lambda k: True):
     return k, v
 
 
-def goals_for(results, tag, roundtrip_tool):
+def goals_for(results, tag, roundtrip_tool, default_device=False):
     rows = []  # (goal text, measured text, ratio, limit, higher_is_better, note)
 
     def ratio_row(text, num, den, limit, higher, note=""):
@@ -127,6 +127,18 @@ def goals_for(results, tag, roundtrip_tool):
         if e:
             ratio_row(f"load_binary from {src}, p50 / raw eager load (info)", c, e, 1.2, False,
                       f"{c:.0f} vs {e:.0f} us (every function loaded and described)" if c else "")
+
+    # 5. The kernel server (bench/server_load runs on the default device) at 1024 connections.
+    if default_device:
+        base = "server_load/baseline/connections:1024"
+        br, bp = get(results, base, "req_per_s"), get(results, base, "p99_us")
+        for name, suffix in (("cora_batching", ""), ("cora", " (info)")):
+            r = get(results, f"server_load/{name}/connections:1024", "req_per_s")
+            p = get(results, f"server_load/{name}/connections:1024", "p99_us")
+            ratio_row(f"server, 1024 conn., {name} req/s / baseline{suffix}", r, br, 2.0, True,
+                      f"{r:,.0f} vs {br:,.0f} req/s" if r and br else "")
+            ratio_row(f"server, 1024 conn., {name} p99 / baseline{suffix}", p, bp, 1.0, False,
+                      f"{p / 1000:.1f} vs {bp / 1000:.1f} ms" if p and bp else "")
     return rows
 
 
@@ -144,8 +156,9 @@ def main(argv):
         pass
     everything = {}
     passed = total = 0
-    for tag in devices(results):
-        rows = goals_for(results, tag, tool)
+    tags = devices(results)
+    for tag in tags:
+        rows = goals_for(results, tag, tool, default_device=tag == tags[0])
         kind = "goals" if tag.startswith("cuda") else "for information (the goals are the GPU's)"
         print(f"\n{tag}: {kind}")
         print(f"  {'goal':<58} {'ratio':>7} {'limit':>7}  {'':<4}  measured")

@@ -11,8 +11,12 @@
 //   CORA_SERVER_LOAD_ELEMENTS     fp32 elements per vector               (1024)
 //   CORA_SERVER_LOAD_ROUNDS       saxpy rounds                           (64)
 //   CORA_SERVER_LOAD_STREAMS      device streams of either server        (8)
-//   CORA_SERVER_LOAD_THREADS      io threads of the cora server, and client threads
+//   CORA_SERVER_LOAD_THREADS      worker threads of the cora server, and client threads
 //                                 (hardware threads)
+//   CORA_SERVER_LOAD_BATCH_WINDOW_US  cora_batching's batch window; 0 = close batches when
+//                                 the device has room                    (0)
+//   CORA_SERVER_LOAD_BATCH_LAUNCHES   cora_batching's launches per worker before requests
+//                                 gather                                 (2)
 //   CORA_SERVER_LOAD_TARGET       host:port: load that server only (no local servers)
 #include <asio/connect.hpp>
 #include <asio/co_spawn.hpp>
@@ -69,6 +73,8 @@ struct load_options {
   std::uint32_t rounds = 64;
   unsigned streams = 8;
   unsigned threads = 0;
+  unsigned batch_window_us = 0;
+  unsigned batch_launches = 2;
   std::string target;
 
   static const load_options& get() {
@@ -85,6 +91,10 @@ struct load_options {
       l.streams = static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_STREAMS", "8")));
       l.threads = static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_THREADS", "0")));
       if (!l.threads) l.threads = std::max(1u, std::thread::hardware_concurrency());
+      l.batch_window_us =
+          static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_BATCH_WINDOW_US", "0")));
+      l.batch_launches =
+          static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_BATCH_LAUNCHES", "2")));
       l.target = env("CORA_SERVER_LOAD_TARGET", "");
       return l;
     }();
@@ -169,25 +179,27 @@ asio::awaitable<void> client_loop(tcp::endpoint ep, const load_options& o, std::
       ++st.errors;
       co_return;
     }
-    auto [rec, rn] = co_await asio::async_read(
-        sock, asio::buffer(reply.data(), proto::reply_header_size), tuple);
-    if (rec) {
+    // The whole reply, usually in one read: the header, then what its length says is left.
+    std::size_t have = 0;
+    auto read_until = [&](std::size_t want) -> asio::awaitable<bool> {
+      while (have < want) {
+        auto [rec, rn] = co_await sock.async_read_some(
+            asio::buffer(reply.data() + have, reply.size() - have), tuple);
+        if (rec) co_return false;
+        have += rn;
+      }
+      co_return true;
+    };
+    if (!co_await read_until(proto::reply_header_size)) {
       ++st.errors;
       co_return;
     }
     const auto h = proto::decode_reply(std::span<const std::byte, proto::reply_header_size>(
         reply.data(), proto::reply_header_size));
-    if (h.length > reply.size() - proto::reply_header_size) {
+    if (h.length > reply.size() - proto::reply_header_size ||
+        !co_await read_until(proto::reply_header_size + h.length)) {
       ++st.errors;
       co_return;
-    }
-    if (h.length) {
-      auto [pec, pn] = co_await asio::async_read(
-          sock, asio::buffer(reply.data() + proto::reply_header_size, h.length), tuple);
-      if (pec) {
-        ++st.errors;
-        co_return;
-      }
     }
     const auto t1 = clk::now();
     if (t0 < measure_from) continue;
@@ -202,10 +214,15 @@ asio::awaitable<void> client_loop(tcp::endpoint ep, const load_options& o, std::
   sock.shutdown(tcp::socket::shutdown_both, ignored);
 }
 
+// The connections are spread over one io_context per client thread, as the cora server
+// spreads them over its workers: no lock or strand is shared between connections.
 load_result run_load(const tcp::endpoint& ep, const load_options& base, std::size_t connections) {
   load_options o = base;
   o.connections = {connections};
-  asio::io_context io;
+  std::vector<std::unique_ptr<asio::io_context>> ios;
+  for (unsigned t = 0; t < std::max<std::size_t>(1, std::min<std::size_t>(o.threads, connections));
+       ++t)
+    ios.push_back(std::make_unique<asio::io_context>(1));
   std::vector<connection_stats> stats(connections);
   const auto start = clk::now();
   const auto measure_from =
@@ -213,10 +230,11 @@ load_result run_load(const tcp::endpoint& ep, const load_options& base, std::siz
   const auto end = measure_from + std::chrono::duration_cast<clk::duration>(
                                       std::chrono::duration<double>(o.seconds));
   for (std::size_t i = 0; i < connections; ++i)
-    asio::co_spawn(io, client_loop(ep, o, i, start, measure_from, end, stats[i]), asio::detached);
+    asio::co_spawn(*ios[i % ios.size()], client_loop(ep, o, i, start, measure_from, end, stats[i]),
+                   asio::detached);
   std::vector<std::thread> threads;
-  for (unsigned t = 1; t < o.threads; ++t) threads.emplace_back([&] { io.run(); });
-  io.run();
+  for (std::size_t t = 1; t < ios.size(); ++t) threads.emplace_back([&io = *ios[t]] { io.run(); });
+  ios.front()->run();
   for (auto& t : threads) t.join();
   load_result r;
   r.seconds = o.seconds;
@@ -433,6 +451,8 @@ void cora_server(benchmark::State& state, std::size_t connections, bool batching
   so.streams = o.streams;
   so.max_connections = connections + 16;
   so.batching = batching;
+  so.batch_window = std::chrono::microseconds(o.batch_window_us);
+  so.batch_launches = o.batch_launches;
   so.kernels = kernels_path();
   kernel_server::server srv(dev, so);
   srv.start();

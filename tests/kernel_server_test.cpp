@@ -143,6 +143,22 @@ class kernel_server_test : public device_test {
     s->start();
     return s;
   }
+
+  // One worker that batches without a window and may have one launch on the device.
+  std::unique_ptr<kernel_server::server> start_batching_one_launch() {
+    auto o = options();
+    o.threads = 1;  // one worker: every request meets the same launches
+    o.batching = true;
+    o.batch_window = 0us;
+    o.batch_launches = 1;
+    return start(o);
+  }
+
+  // Occupies the device (and the worker's one launch) with a 300 ms sleep request.
+  static void occupy_device(client& sleeper, const kernel_server::server& srv) {
+    sleeper.send(proto::make_sleep_request(100, 300'000));
+    while (srv.stats().in_flight < 1) std::this_thread::sleep_for(1ms);
+  }
 };
 CORA_DEVICE_SUITE(kernel_server_test);
 
@@ -515,6 +531,67 @@ TEST_P(kernel_server_test, BatchingPacksConcurrentRequestsAndSplitsReplies) {
     const auto st = srv->stats();
     EXPECT_GE(st.batches, 1u);
     EXPECT_GT(st.batched_requests, st.batches);
+  });
+}
+
+// Without a window, a worker's requests gather while it has batch_launches launches on the
+// device and go as one launch when one of them completes.
+TEST_P(kernel_server_test, BatchesGatherWhileTheDeviceIsBusy) {
+  with_watchdog(120s, [&] {
+    auto srv = start_batching_one_launch();
+    client sleeper(srv->port());
+    occupy_device(sleeper, *srv);
+    const int connections = 16;
+    std::vector<std::unique_ptr<client>> clients;
+    std::vector<std::vector<float>> xs, ys;
+    for (int i = 0; i < connections; ++i) {
+      clients.push_back(std::make_unique<client>(srv->port()));
+      xs.push_back(random_floats(100 + static_cast<std::size_t>(i), static_cast<unsigned>(i)));
+      ys.push_back(random_floats(100 + static_cast<std::size_t>(i), static_cast<unsigned>(i + 50)));
+      clients.back()->send(proto::make_add_request(static_cast<std::uint32_t>(i), xs[i], ys[i]));
+    }
+    // All of them wait behind the sleeping kernel's launch.
+    while (srv->stats().in_flight < connections + 1) std::this_thread::sleep_for(1ms);
+    auto r = sleeper.receive();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), proto::status::ok);
+    for (int i = 0; i < connections; ++i) {
+      auto got = clients[i]->receive();
+      ASSERT_TRUE(got);
+      ASSERT_EQ(got->status(), proto::status::ok);
+      ASSERT_EQ(got->data.size(), xs[i].size());
+      for (std::size_t k = 0; k < xs[i].size(); ++k) ASSERT_EQ(got->data[k], xs[i][k] + ys[i][k]);
+    }
+    const auto st = srv->stats();
+    EXPECT_EQ(st.batches, 1u);
+    EXPECT_EQ(st.batched_requests, static_cast<std::uint64_t>(connections));
+    // With the device idle again, a lone request goes at once, as a launch of its own.
+    expect_add_works(*clients[0], 64, 99);
+    EXPECT_EQ(srv->stats().batches, 1u);
+  });
+}
+
+// A request whose deadline passes while it waits in a batch gets timeout; the batch leaves it
+// out, and the connection goes on.
+TEST_P(kernel_server_test, DeadlineWhileWaitingInABatch) {
+  with_watchdog(120s, [&] {
+    auto srv = start_batching_one_launch();
+    client sleeper(srv->port());
+    occupy_device(sleeper, *srv);
+    client c(srv->port());
+    auto x = random_floats(256, 1), y = random_floats(256, 2);
+    c.send(proto::make_add_request(7, x, y, /*deadline_ms=*/20));
+    auto r = c.receive();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), proto::status::timeout);
+    EXPECT_EQ(r->h.id, 7u);
+    expect_add_works(c, 300, 8);  // queued behind the sleep, then served
+    r = sleeper.receive();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), proto::status::ok);
+    const auto st = srv->stats();
+    EXPECT_EQ(st.timeouts, 1u);
+    EXPECT_EQ(st.ok, 2u);
   });
 }
 

@@ -26,9 +26,10 @@ int main(int argc, char** argv) {
   CLI::App app{"cora kernel server: vector kernels over TCP, one coroutine per connection"};
   app.add_option("--address", o.address, "address to listen on")->capture_default_str();
   app.add_option("--port", o.port, "port to listen on (0: any free port)")->capture_default_str();
-  app.add_option("--threads", o.threads, "io_context threads (0: hardware threads)")
+  app.add_option("--threads", o.threads, "worker threads, one io_context each (0: hardware threads)")
       ->capture_default_str();
-  app.add_option("--streams", o.streams, "device streams in the pool")->capture_default_str();
+  app.add_option("--streams", o.streams, "device streams (launches go to the least busy)")
+      ->capture_default_str();
   app.add_option("--max-request-bytes", o.max_request_bytes, "largest payload accepted")
       ->capture_default_str();
   app.add_option("--max-connections", o.max_connections, "connections served at once")
@@ -40,9 +41,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-rounds", o.max_rounds, "saxpy rounds allowed per request")
       ->capture_default_str();
-  app.add_flag("--batching", o.batching,
-               "pack requests arriving within the window into one launch");
-  app.add_option("--batch-window-us", window_us, "batching window")->capture_default_str();
+  app.add_flag("--batching", o.batching, "pack concurrent requests of one kind into one launch");
+  app.add_option("--batch-window-us", window_us,
+                 "hold each batch open this long (0: close batches when the device has room)")
+      ->capture_default_str();
+  app.add_option("--batch-launches", o.batch_launches,
+                 "with no window: launches per worker on the device before requests gather")
+      ->capture_default_str();
   app.add_flag("--enable-sleep", o.enable_sleep, "serve the sleep op (for demonstrations)");
   app.add_option("--kernels", kernels, "kernel binary with add_f32, saxpy_rounds and slow")
       ->capture_default_str();

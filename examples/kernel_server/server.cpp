@@ -1,23 +1,20 @@
 #include "server.hpp"
 
-#include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
-#include <asio/cancellation_signal.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/post.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
-#include <asio/strand.hpp>
 #include <asio/write.hpp>
 #include <algorithm>
 #include <atomic>
 #include <coroutine>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -34,25 +31,12 @@ using clock = std::chrono::steady_clock;
 // common failures (a peer going away, a cancelled wait) are not exceptions.
 constexpr asio::experimental::as_tuple_t<cora::use_task_t> try_task{};
 
-// Keeps an executor's context running while a coroutine is parked with it.
-asio::any_io_executor tracked(const asio::any_io_executor& ex) {
-  return asio::prefer(ex, asio::execution::outstanding_work.tracked);
-}
-
-// Hands a parked coroutine back to its executor. The executor is moved out first: once
-// posted, the coroutine may run (and free the object holding it) on another thread.
-void resume_on(asio::any_io_executor& ex, std::coroutine_handle<> h) {
-  asio::any_io_executor target = std::move(ex);
-  asio::post(target, [h] { h.resume(); });
-}
-
 // ---------------------------------------------------------------------------------------------
-// Streams and their buffers
+// Streams and buffers
 
-/// A stream with the buffers one launch needs. Reused only once all its work has completed, so
+/// The buffers one launch needs. A launch owns them until its device work has completed, so
 /// its host buffers are never written while the device may still read them.
-struct slot {
-  cora::stream stream;
+struct buffers {
   cora::device_buffer<float> in;   // x then y
   cora::device_buffer<float> out;  // add's result (saxpy updates y in place)
   cora::host_buffer<float> host_in, host_out;
@@ -70,85 +54,45 @@ struct slot {
   }
 };
 
-/// A fixed set of slots; coroutines wait in FIFO order when all are taken.
-class stream_pool {
+/// The device streams. A stream is not held while its work runs: each launch is enqueued on
+/// the stream with the fewest launches in flight, so a long kernel does not hold up the others
+/// and any number of requests can be on the device at once.
+class stream_set {
  public:
-  stream_pool(cora::device& dev, unsigned n) {
+  struct lane {
+    cora::stream stream;
+    std::atomic<unsigned> in_flight{0};
+  };
+
+  stream_set(cora::device& dev, unsigned n) {
     for (unsigned i = 0; i < std::max(1u, n); ++i) {
-      auto s = std::make_unique<slot>();
-      s->stream = dev.make_stream();
-      s->flag = dev.alloc<std::uint32_t>(1);
-      free_.push_back(s.get());
-      slots_.push_back(std::move(s));
+      lanes_.push_back(std::make_unique<lane>());
+      lanes_.back()->stream = dev.make_stream();
     }
   }
 
-  struct waiter {
-    std::coroutine_handle<> handle;
-    asio::any_io_executor executor;
-    slot* got = nullptr;
-  };
-
-  /// `slot* s = co_await pool.acquire();` in a cora::task; resumes on the task's executor.
-  struct acquire_awaiter {
-    stream_pool& pool;
-    waiter w;
-    bool await_ready() const noexcept { return false; }
-    template <class P>
-    bool await_suspend(std::coroutine_handle<P> h) {
-      std::lock_guard lock(pool.mutex_);
-      if (!pool.free_.empty()) {
-        w.got = pool.free_.back();
-        pool.free_.pop_back();
-        return false;
+  /// The least busy stream, the worker's own (`home`) on a tie, so that workers do not
+  /// contend for one stream while others idle; counts a launch on it until done().
+  lane& pick(std::size_t home) noexcept {
+    const std::size_t n = lanes_.size();
+    const std::size_t first = home % n;
+    lane* best = lanes_[first].get();
+    unsigned least = best->in_flight.load(std::memory_order_relaxed);
+    for (std::size_t i = 1; i < n && least; ++i) {
+      lane* l = lanes_[(first + i) % n].get();
+      const unsigned load = l->in_flight.load(std::memory_order_relaxed);
+      if (load < least) {
+        best = l;
+        least = load;
       }
-      w.handle = h;
-      w.executor = tracked(h.promise().executor());
-      pool.waiters_.push_back(&w);
-      return true;
     }
-    slot* await_resume() const noexcept { return w.got; }
-  };
-  acquire_awaiter acquire() noexcept { return {*this, {}}; }
-
-  void release(slot* s) noexcept {
-    waiter* w = nullptr;
-    {
-      std::lock_guard lock(mutex_);
-      if (waiters_.empty()) {
-        free_.push_back(s);  // LIFO: the most recently used stream is the warmest
-        return;
-      }
-      w = waiters_.front();
-      waiters_.pop_front();
-      w->got = s;
-    }
-    resume_on(w->executor, w->handle);
+    best->in_flight.fetch_add(1, std::memory_order_relaxed);
+    return *best;
   }
+  static void done(lane& l) noexcept { l.in_flight.fetch_sub(1, std::memory_order_relaxed); }
 
  private:
-  std::mutex mutex_;
-  std::vector<std::unique_ptr<slot>> slots_;
-  std::vector<slot*> free_;
-  std::deque<waiter*> waiters_;
-};
-
-/// Returns a slot to its pool at scope exit unless the slot was retired (handed to a callback
-/// that returns it when the device is done with it).
-class lease {
- public:
-  lease(stream_pool& p, slot* s) noexcept : pool_(p), s_(s) {}
-  lease(const lease&) = delete;
-  lease& operator=(const lease&) = delete;
-  ~lease() {
-    if (s_) pool_.release(s_);
-  }
-  slot* get() const noexcept { return s_; }
-  slot* retire() noexcept { return std::exchange(s_, nullptr); }
-
- private:
-  stream_pool& pool_;
-  slot* s_;
+  std::vector<std::unique_ptr<lane>> lanes_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -182,27 +126,85 @@ batch_key key_of(const job& j) {
   return {j.op, bits, j.rounds};
 }
 
-/// A request parked in a batch until the batch's launch has completed.
-struct batch_entry {
-  job* j = nullptr;
-  std::coroutine_handle<> handle;
-  asio::any_io_executor executor;
+/// Counters of one worker, written by its thread only (no cache line shared between threads
+/// on the request path), summed by server::stats().
+struct alignas(64) counters {
+  std::atomic<std::uint64_t> accepted{0}, rejected{0}, open{0}, requests{0}, in_flight{0}, ok{0},
+      bad_requests{0}, timeouts{0}, device_errors{0}, batches{0}, batched{0};
 };
 
-struct connection {
-  explicit connection(tcp::socket s) : socket(std::move(s)), watchdog(socket.get_executor()) {}
+void bump(std::atomic<std::uint64_t>& n, std::int64_t by = 1) noexcept {
+  n.fetch_add(static_cast<std::uint64_t>(by), std::memory_order_relaxed);
+}
+
+struct connection;
+
+/// A request of a launch: alive while its connection still waits for this very request
+/// (its deadline may have answered it already).
+struct member {
+  std::shared_ptr<connection> c;
+  std::uint64_t ticket = 0;
+  std::size_t offset = 0;  // elements before this request's in the packed vectors
+};
+
+/// Requests of one kind gathered for one launch.
+struct open_batch {
+  std::vector<member> members;
+  std::size_t elements = 0;
+  std::uint64_t id = 0;
+  std::unique_ptr<asio::steady_timer> timer;  // with a batch window only
+};
+
+/// One io_context run by one thread. A connection lives on one worker for its whole life, so
+/// its state needs no lock and no strand; launches and batches are per worker too.
+struct worker {
+  explicit worker(std::size_t i) : index(i) {}
+  std::size_t index;
+  asio::io_context ctx{1};
+  // Keeps run() going until stop(), also while the worker has no connection.
+  asio::executor_work_guard<asio::io_context::executor_type> keep_running{ctx.get_executor()};
+  std::thread thread;
+  counters stats;
+  std::map<batch_key, open_batch> open;  // batches still taking requests
+  std::uint64_t batch_ids = 0;
+  unsigned launches = 0;  // launches of this worker on the device
+  bool flush_posted = false;
+  std::vector<std::unique_ptr<buffers>> spare;  // buffers of completed launches
+};
+
+struct connection : std::enable_shared_from_this<connection> {
+  connection(tcp::socket s, worker& wk)
+      : socket(std::move(s)), watchdog(socket.get_executor()), w(wk) {}
 
   std::size_t buffered() const noexcept { return end - begin; }
+  bool parked_for(std::uint64_t t) const noexcept { return parked && ticket == t; }
 
   tcp::socket socket;
-  asio::steady_timer watchdog;  // closes the socket past io_deadline
+  // One timer per connection enforces the I/O deadline and the request deadline. It is
+  // re-armed only when a deadline moves earlier than its expiry, not once per request.
+  asio::steady_timer watchdog;
+  worker& w;
   clock::time_point io_deadline = clock::time_point::max();
   bool idle = false;     // waiting for a request's first byte: stop() may close it at once
   bool closing = false;  // finish the current request, then close
+  // The request waiting for the device: resumed once, by its launch's completion or by its
+  // deadline, whichever comes first.
+  job current;
+  std::coroutine_handle<> parked;
+  std::uint64_t ticket = 0;
   std::vector<std::byte> in = std::vector<std::byte>(64 * 1024);  // read-ahead buffer
   std::size_t begin = 0, end = 0;
   std::vector<std::byte> payload;  // the current request's payload
   std::vector<std::byte> reply;    // reply header and payload
+};
+
+/// A launch on the device: its requests and its buffers, until the work has completed.
+struct launch {
+  worker* w = nullptr;
+  stream_set::lane* lane = nullptr;
+  std::vector<member> members;
+  std::unique_ptr<buffers> buf;
+  bool failed = false;  // enqueuing failed; `done` is the stream's synchronize
 };
 
 }  // namespace
@@ -210,33 +212,40 @@ struct connection {
 // ---------------------------------------------------------------------------------------------
 
 struct server::impl {
-  impl(cora::device& d, server_options o)
-      : dev(d),
-        opts(std::move(o)),
-        pool(d, opts.streams),
-        accept_strand(asio::make_strand(ctx)),
-        batch_strand(asio::make_strand(ctx)),
-        acceptor(accept_strand) {
+  impl(cora::device& d, server_options o) : dev(d), opts(std::move(o)), streams(d, opts.streams) {
+    const unsigned n = opts.threads ? opts.threads : std::thread::hardware_concurrency();
+    for (unsigned i = 0; i < std::max(1u, n); ++i) workers.push_back(std::make_unique<worker>(i));
+    acceptor.emplace(workers.front()->ctx);
     bin = dev.load_binary(opts.kernels).wait();
     k_add = bin.kernel("add_f32");
     k_saxpy = bin.kernel("saxpy_rounds");
     k_slow = bin.kernel("slow");
     const tcp::endpoint ep(asio::ip::make_address(opts.address), opts.port);
-    acceptor.open(ep.protocol());
-    acceptor.set_option(tcp::acceptor::reuse_address(true));
-    acceptor.bind(ep);
-    acceptor.listen(asio::socket_base::max_listen_connections);
-    cora::spawn(accept_strand, accept_loop(), [](std::exception_ptr) {});
+    acceptor->open(ep.protocol());
+    acceptor->set_option(tcp::acceptor::reuse_address(true));
+    acceptor->bind(ep);
+    acceptor->listen(asio::socket_base::max_listen_connections);
+    cora::spawn(workers.front()->ctx.get_executor(), accept_loop(), [](std::exception_ptr) {});
+  }
+
+  ~impl() {
+    // The accept loop on the first worker holds a socket of another worker's context: tear
+    // the contexts down in order, the first one first.
+    acceptor.reset();
+    for (auto& w : workers) w.reset();
   }
 
   // --- accepting -------------------------------------------------------------------------------
 
   cora::task<void> accept_loop() {
-    asio::steady_timer backoff(accept_strand);
+    worker& home = *workers.front();
+    asio::steady_timer backoff(home.ctx);
+    std::size_t next = 0;
     while (!stopping.load()) {
-      tcp::socket sock(asio::make_strand(ctx));  // each connection runs on its own strand
-      auto [ec] = co_await acceptor.async_accept(sock, try_task);
-      if (stopping.load() || !acceptor.is_open()) break;
+      worker& target = *workers[next++ % workers.size()];  // connections spread round the workers
+      tcp::socket sock(target.ctx);
+      auto [ec] = co_await acceptor->async_accept(sock, try_task);
+      if (stopping.load() || !acceptor->is_open()) break;
       if (ec) {
         // Out of descriptors, say: wait a little instead of spinning on the error.
         backoff.expires_after(std::chrono::milliseconds(10));
@@ -245,14 +254,14 @@ struct server::impl {
       }
       std::error_code ignored;
       sock.set_option(tcp::no_delay(true), ignored);
-      ++accepted;
-      auto c = std::make_shared<connection>(std::move(sock));
+      bump(home.stats.accepted);
+      auto c = std::make_shared<connection>(std::move(sock), target);
       if (!admit(c)) {
-        ++rejected;
+        bump(home.stats.rejected);
         reject(c->socket);
         continue;
       }
-      cora::spawn(c->socket.get_executor(), serve(c), [](std::exception_ptr) {});
+      cora::spawn(target.ctx.get_executor(), serve(c), [](std::exception_ptr) {});
     }
   }
 
@@ -282,26 +291,38 @@ struct server::impl {
     s.close(ec);
   }
 
-  // --- connection deadlines ----------------------------------------------------------------------
+  // --- deadlines ---------------------------------------------------------------------------------
 
-  // One timer per connection; moving the deadline later costs nothing, moving it earlier
-  // re-arms the timer.
+  // The connection's watchdog: closes the socket past io_deadline, answers a parked request
+  // with timeout past its deadline, and re-arms for whichever deadline comes next. Stops once
+  // the socket is closed and no request is parked.
   void watch(std::shared_ptr<connection> c) {
-    c->watchdog.expires_at(c->io_deadline);
-    c->watchdog.async_wait([this, c](std::error_code) {
-      if (!c->socket.is_open()) return;
-      if (c->io_deadline <= clock::now()) {
-        std::error_code ignored;
-        c->socket.close(ignored);  // fails the pending read or write
-        return;
-      }
-      watch(c);
-    });
+    const auto now = clock::now();
+    if (c->socket.is_open() && c->io_deadline <= now) {
+      std::error_code ignored;
+      c->socket.close(ignored);  // fails the pending read or write
+    }
+    if (c->parked && c->current.deadline <= now) {
+      // The device work is left to finish: its launch skips this request when it completes.
+      c->current.result = proto::status::timeout;
+      std::exchange(c->parked, {}).resume();
+    }
+    auto next = clock::time_point::max();
+    if (c->socket.is_open()) next = c->io_deadline;
+    if (c->parked) next = std::min(next, c->current.deadline);
+    if (next == clock::time_point::max()) return;
+    c->watchdog.expires_at(next);
+    c->watchdog.async_wait([this, c](std::error_code) mutable { watch(std::move(c)); });
+  }
+
+  // Brings the watchdog forward when `t` comes before its expiry (the handler re-arms).
+  static void wake_by(connection& c, clock::time_point t) {
+    if (t < c.watchdog.expiry()) c.watchdog.expires_at(t);
   }
 
   static void set_io_deadline(connection& c, clock::time_point t) {
     c.io_deadline = t;
-    if (t < c.watchdog.expiry()) c.watchdog.expires_at(t);  // the handler re-arms
+    wake_by(c, t);
   }
 
   // --- reading -----------------------------------------------------------------------------------
@@ -350,7 +371,9 @@ struct server::impl {
   // --- serving -----------------------------------------------------------------------------------
 
   cora::task<void> serve(std::shared_ptr<connection> c) {
-    ++open_count;
+    counters& st = c->w.stats;
+    bump(st.open);
+    c->io_deadline = clock::now() + opts.idle_timeout;
     watch(c);
     try {
       co_await serve_requests(*c);
@@ -362,7 +385,7 @@ struct server::impl {
     c->socket.close(ignored);
     c->watchdog.cancel();
     forget(c.get());
-    --open_count;
+    bump(st.open, -1);
   }
 
   cora::task<void> serve_requests(connection& c) {
@@ -407,7 +430,7 @@ struct server::impl {
     rh.length = static_cast<std::uint32_t>(c.reply.size() - proto::reply_header_size);
     const auto hb = proto::encode(rh);
     std::memcpy(c.reply.data(), hb.data(), hb.size());
-    count(st);
+    count(c.w.stats, st);
     auto [ec, n] = co_await asio::async_write(c.socket, asio::buffer(c.reply), try_task);
     co_return !ec;
   }
@@ -418,13 +441,13 @@ struct server::impl {
     co_return co_await send(c, st, id);
   }
 
-  void count(proto::status st) noexcept {
-    ++requests;
+  static void count(counters& n, proto::status st) noexcept {
+    bump(n.requests);
     switch (st) {
-      case proto::status::ok: ++ok_count; break;
-      case proto::status::timeout: ++timeouts; break;
-      case proto::status::device_error: ++device_errors; break;
-      default: ++bad_requests; break;
+      case proto::status::ok: bump(n.ok); break;
+      case proto::status::timeout: bump(n.timeouts); break;
+      case proto::status::device_error: bump(n.device_errors); break;
+      default: bump(n.bad_requests); break;
     }
   }
 
@@ -432,7 +455,8 @@ struct server::impl {
   cora::task<proto::status> execute(connection& c, const proto::request_header& h,
                                     clock::time_point received) {
     if (h.flags != 0) co_return proto::status::bad_request;
-    job j;
+    job& j = c.current;
+    j = job{};
     auto limit = opts.deadline;
     if (h.deadline_ms)
       limit = std::min<std::chrono::milliseconds>(limit, std::chrono::milliseconds(h.deadline_ms));
@@ -469,21 +493,37 @@ struct server::impl {
     }
     c.reply.resize(proto::reply_header_size + 4 * j.n);
     j.out = c.reply.data() + proto::reply_header_size;
-    ++in_flight;
+    counters& st = c.w.stats;
+    bump(st.in_flight);
     struct uncount {
       std::atomic<std::uint64_t>& n;
-      ~uncount() { --n; }
-    } guard{in_flight};
-    if (opts.batching && j.op != proto::op::sleep) {
-      co_await join_batch{*this, {&j, {}, {}}};
-    } else {
-      job* one[] = {&j};
-      co_await run_jobs(one);
-    }
+      ~uncount() { bump(n, -1); }
+    } guard{st.in_flight};
+    wake_by(c, j.deadline);
+    co_await park{*this, c};
     co_return j.result;
   }
 
-  // --- the device pipeline -------------------------------------------------------------------
+  /// `co_await park{...}`: hands the connection's current request to its worker's launches
+  /// and waits until the launch has completed or the request's deadline has passed.
+  struct park {
+    impl& self;
+    connection& c;
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<> h) {
+      c.parked = h;
+      ++c.ticket;
+      try {
+        self.submit(c);
+      } catch (...) {
+        c.parked = {};  // resumed by the exception: nothing may resume it again
+        throw;
+      }
+    }
+    void await_resume() const noexcept {}
+  };
+
+  // --- launches --------------------------------------------------------------------------------
 
   cora::launch_config config_for(std::size_t n) const {
     const auto& props = dev.properties();
@@ -498,193 +538,167 @@ struct server::impl {
     return {.grid = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(blocks, 1, units))};
   }
 
-  // Runs jobs of one kind as one launch on one stream: copy in, launch, copy out, await with
-  // the earliest deadline. Sets every job's result.
-  cora::task<void> run_jobs(std::span<job* const> jobs) {
-    auto set_all = [&](proto::status s) {
-      for (job* j : jobs) j->result = s;
-    };
-    const job& first = *jobs.front();
-    std::size_t total = 0;
-    auto deadline = clock::time_point::max();
-    for (const job* j : jobs) {
-      total += j->n;
-      deadline = std::min(deadline, j->deadline);
+  // On the connection's worker: launches the request at once, or adds it to its kind's batch.
+  void submit(connection& c) {
+    worker& w = c.w;
+    member m{c.shared_from_this(), c.ticket, 0};
+    if (!opts.batching || c.current.op == proto::op::sleep) {
+      std::vector<member> one;
+      one.push_back(std::move(m));
+      start_launch(w, std::move(one));
+      return;
     }
+    const batch_key key = key_of(c.current);
+    const std::size_t n = c.current.n;
+    auto it = w.open.find(key);
+    if (it != w.open.end() && it->second.elements + n > opts.batch_max_elements) flush(w, it);
+    auto& b = w.open[key];
+    b.members.push_back(std::move(m));
+    b.elements += n;
+    if (b.elements >= opts.batch_max_elements) {
+      flush(w, w.open.find(key));
+      return;
+    }
+    if (opts.batch_window.count() > 0) {
+      if (b.members.size() == 1) {
+        b.id = ++w.batch_ids;
+        b.timer = std::make_unique<asio::steady_timer>(w.ctx, opts.batch_window);
+        b.timer->async_wait([this, &w, key, id = b.id](std::error_code ec) {
+          if (ec) return;
+          auto found = w.open.find(key);
+          if (found != w.open.end() && found->second.id == id) flush(w, found);
+        });
+      }
+      return;
+    }
+    // No window: batches close when the device has room. The flush is posted, so requests
+    // that arrived in the same turn of the event loop join this batch first.
+    if (!w.flush_posted && w.launches < opts.batch_launches) {
+      w.flush_posted = true;
+      asio::post(w.ctx, [this, &w] {
+        w.flush_posted = false;
+        flush_ready(w);
+      });
+    }
+  }
 
-    lease held(pool, co_await pool.acquire());
-    slot& s = *held.get();
-    if (clock::now() >= deadline) {  // waited too long for a stream
-      set_all(proto::status::timeout);
-      co_return;
+  // Launches open batches while the worker has fewer than batch_launches on the device.
+  void flush_ready(worker& w) {
+    while (!w.open.empty() && w.launches < opts.batch_launches) flush(w, w.open.begin());
+  }
+
+  void flush(worker& w, std::map<batch_key, open_batch>::iterator it) {
+    std::vector<member> members = std::move(it->second.members);
+    w.open.erase(it);  // destroys a window timer; its handler sees operation_aborted
+    start_launch(w, std::move(members));
+  }
+
+  std::unique_ptr<buffers> take_buffers(worker& w) {
+    if (w.spare.empty()) return std::make_unique<buffers>();
+    auto b = std::move(w.spare.back());
+    w.spare.pop_back();
+    return b;
+  }
+
+  // Keeps buffers for the next launch, except large ones: a rare huge request should not
+  // leave its memory behind.
+  static void give_back(worker& w, std::unique_ptr<buffers> b) {
+    if (b && b->capacity <= (1u << 20)) w.spare.push_back(std::move(b));
+  }
+
+  // Packs the live members' vectors (one copy in, one launch, one copy out) and enqueues them
+  // on the least busy stream; complete() runs on the worker when the work is done.
+  void start_launch(worker& w, std::vector<member> members) {
+    std::erase_if(members, [](const member& m) { return !m.c->parked_for(m.ticket); });
+    if (members.empty()) return;
+    auto l = std::make_unique<launch>();
+    l->w = &w;
+    l->members = std::move(members);
+    const job& first = l->members.front().c->current;
+    std::size_t total = 0;
+    for (member& m : l->members) {
+      m.offset = total;
+      total += m.c->current.n;
     }
+    if (l->members.size() > 1) {
+      bump(w.stats.batches);
+      bump(w.stats.batched, static_cast<std::int64_t>(l->members.size()));
+    }
+    l->buf = take_buffers(w);
+    buffers& b = *l->buf;
+    l->lane = &streams.pick(w.index);
+    cora::stream& s = l->lane->stream;
     cora::pending<void> done;
-    bool failed = false;
     try {
       if (first.op == proto::op::sleep) {
-        done = s.stream.launch(k_slow, {}, first.sleep_us, s.flag);
+        if (!b.flag) b.flag = dev.alloc<std::uint32_t>(1);
+        done = s.launch(k_slow, {}, first.sleep_us, b.flag);
       } else {
-        s.reserve(dev, total);
-        // Pack every job's x, then every job's y: one copy in, one launch, one copy out.
-        std::byte* hx = reinterpret_cast<std::byte*>(s.host_in.data());
+        b.reserve(dev, total);
+        std::byte* hx = reinterpret_cast<std::byte*>(b.host_in.data());
         std::byte* hy = hx + 4 * total;
-        for (const job* j : jobs) {
-          std::memcpy(hx, j->x, 4 * j->n);
-          std::memcpy(hy, j->y, 4 * j->n);
-          hx += 4 * j->n;
-          hy += 4 * j->n;
+        for (const member& m : l->members) {
+          const job& j = m.c->current;
+          std::memcpy(hx, j.x, 4 * j.n);
+          std::memcpy(hy, j.y, 4 * j.n);
+          hx += 4 * j.n;
+          hy += 4 * j.n;
         }
-        float* x = s.in.data();
+        float* x = b.in.data();
         float* y = x + total;
-        s.stream.copy(x, s.host_in.data(), 2 * total * sizeof(float));
+        s.copy(x, b.host_in.data(), 2 * total * sizeof(float));
         const auto cfg = config_for(total);
         const auto n = static_cast<std::uint64_t>(total);
         if (first.op == proto::op::add) {
-          s.stream.launch(k_add, cfg, x, y, s.out.data(), n);
-          done = s.stream.copy(s.host_out.data(), s.out.data(), total * sizeof(float));
+          s.launch(k_add, cfg, x, y, b.out.data(), n);
+          done = s.copy(b.host_out.data(), b.out.data(), total * sizeof(float));
         } else {
-          s.stream.launch(k_saxpy, cfg, first.a, x, y, n, first.rounds);
-          done = s.stream.copy(s.host_out.data(), y, total * sizeof(float));
+          s.launch(k_saxpy, cfg, first.a, x, y, n, first.rounds);
+          done = s.copy(b.host_out.data(), y, total * sizeof(float));
         }
       }
     } catch (const cora::error&) {
-      failed = true;  // out of device memory, say
+      // Out of device memory, say. Part of the work may be enqueued: synchronize() waits for
+      // it (the buffers stay owned until then) and clears the stream's fault.
+      l->failed = true;
+      try {
+        done = s.synchronize();
+      } catch (const cora::error&) {
+        return;  // the device is gone: the requests' deadlines answer them
+      }
     }
-
-    std::error_code ec;
-    if (!failed) ec = co_await wait_until(done, deadline);
-    if (ec == asio::error::operation_aborted) {
-      // The deadline passed. The device work runs on and still uses this slot: hand the slot
-      // back only when the work has completed (the callback holds the context's work, so a
-      // graceful stop waits for it).
-      set_all(proto::status::timeout);
-      slot* retired = held.retire();
-      auto ex = co_await cora::this_executor();
-      done.async_wait(asio::bind_executor(ex, [this, retired, ex](std::error_code e) {
-        if (!e) {
-          pool.release(retired);
-          return;
-        }
-        retired->stream.synchronize().async_wait(
-            asio::bind_executor(ex, [this, retired](std::error_code) { pool.release(retired); }));
-      }));
-      co_return;
-    }
-    if (failed || ec) {
-      set_all(proto::status::device_error);
-      // synchronize() reports and clears the stream's fault, so the slot is clean for reuse.
-      auto [sync_ec] = co_await s.stream.synchronize().async_wait(try_task);
-      (void)sync_ec;
-      co_return;
-    }
-    const std::byte* out = reinterpret_cast<const std::byte*>(s.host_out.data());
-    for (job* j : jobs) {
-      if (j->n) std::memcpy(j->out, out, 4 * j->n);  // a sleep has no output (and no buffer)
-      out += 4 * j->n;
-      j->result = proto::status::ok;
-    }
+    ++w.launches;
+    done.async_wait(asio::bind_executor(
+        w.ctx.get_executor(),
+        [this, l = std::move(l)](std::error_code ec) mutable { complete(std::move(l), ec); }));
   }
 
-  // Awaits `p` until `deadline`: a timer on this task's executor cancels the wait (not the
-  // device work) through an Asio cancellation slot.
-  cora::task<std::error_code> wait_until(cora::pending<void>& p, clock::time_point deadline) {
-    auto ex = co_await cora::this_executor();
-    // Shared with the timer's handler, which may run after this coroutine has moved on.
-    auto signal = std::make_shared<asio::cancellation_signal>();
-    asio::steady_timer timer(ex, deadline);
-    timer.async_wait([signal](std::error_code ec) {
-      if (!ec) signal->emit(asio::cancellation_type::terminal);
-    });
-    const std::error_code ec = co_await cancellable_wait{p, signal->slot(), {}};
-    timer.cancel();
-    co_return ec;
-  }
-
-  /// `co_await cancellable_wait{p, slot}` in a cora::task: p.async_wait with a cancellation
-  /// slot, resumed on the task's executor. (Asio 1.22's bind_cancellation_slot cannot wrap
-  /// cora::use_task: its binder needs the token's async_result to name a return_type.)
-  struct cancellable_wait {
-    cora::pending<void>& p;
-    asio::cancellation_slot slot;
-    std::error_code ec;
-    bool await_ready() const noexcept { return false; }
-    template <class P>
-    void await_suspend(std::coroutine_handle<P> h) {
-      // The handler never runs inside async_wait, so resuming from it is safe.
-      p.async_wait(asio::bind_cancellation_slot(
-          slot, asio::bind_executor(h.promise().executor(), [this, h](std::error_code e) {
-            ec = e;
-            h.resume();
-          })));
+  // On the launch's worker: hands each live request its slice of the result and resumes it.
+  void complete(std::unique_ptr<launch> l, std::error_code ec) {
+    worker& w = *l->w;
+    --w.launches;
+    stream_set::done(*l->lane);
+    const bool ok = !ec && !l->failed;
+    if (ec && !l->failed) {
+      // The device reported a fault: synchronize() reports and clears it, so later launches
+      // on this stream start clean.
+      l->lane->stream.synchronize().async_wait(
+          asio::bind_executor(w.ctx.get_executor(), [](std::error_code) {}));
     }
-    std::error_code await_resume() const noexcept { return ec; }
-  };
-
-  // --- batching --------------------------------------------------------------------------------
-
-  struct open_batch {
-    std::vector<batch_entry*> entries;
-    std::size_t elements = 0;
-    std::uint64_t id = 0;
-    std::unique_ptr<asio::steady_timer> timer;
-  };
-
-  /// `co_await join_batch{...}`: parks the request in the open batch of its kind; resumes on
-  /// the request's executor once the batch's launch has completed.
-  struct join_batch {
-    impl& self;
-    batch_entry entry;
-    bool await_ready() const noexcept { return false; }
-    template <class P>
-    void await_suspend(std::coroutine_handle<P> h) {
-      entry.handle = h;
-      entry.executor = tracked(h.promise().executor());
-      asio::post(self.batch_strand, [s = &self, e = &entry] { s->add_to_batch(e); });
+    const float* out = l->buf->host_out ? l->buf->host_out.data() : nullptr;
+    std::vector<std::coroutine_handle<>> ready;
+    ready.reserve(l->members.size());
+    for (const member& m : l->members) {
+      connection& c = *m.c;
+      if (!c.parked_for(m.ticket)) continue;  // answered by its deadline
+      job& j = c.current;
+      if (ok && j.n) std::memcpy(j.out, out + m.offset, 4 * j.n);
+      j.result = ok ? proto::status::ok : proto::status::device_error;
+      ready.push_back(std::exchange(c.parked, {}));
     }
-    void await_resume() const noexcept {}
-  };
-
-  // On batch_strand.
-  void add_to_batch(batch_entry* e) {
-    const batch_key key = key_of(*e->j);
-    auto it = batches.find(key);
-    if (it != batches.end() && it->second.elements + e->j->n > opts.batch_max_elements) flush(it);
-    auto& b = batches[key];
-    b.entries.push_back(e);
-    b.elements += e->j->n;
-    if (b.entries.size() == 1) {
-      b.id = ++batch_ids;
-      b.timer = std::make_unique<asio::steady_timer>(batch_strand, opts.batch_window);
-      b.timer->async_wait([this, key, id = b.id](std::error_code ec) {
-        if (ec) return;
-        auto found = batches.find(key);
-        if (found != batches.end() && found->second.id == id) flush(found);
-      });
-    }
-    if (b.elements >= opts.batch_max_elements) flush(batches.find(key));
-  }
-
-  // On batch_strand: closes a batch and runs it on a strand of its own, so batches overlap.
-  void flush(std::map<batch_key, open_batch>::iterator it) {
-    std::vector<batch_entry*> entries = std::move(it->second.entries);
-    batches.erase(it);  // destroys the timer; its handler sees operation_aborted
-    if (entries.size() > 1) {
-      ++batch_count;
-      batched += entries.size();
-    }
-    cora::spawn(asio::make_strand(ctx), run_batch(std::move(entries)), [](std::exception_ptr) {});
-  }
-
-  cora::task<void> run_batch(std::vector<batch_entry*> entries) {
-    std::vector<job*> jobs;
-    jobs.reserve(entries.size());
-    for (auto* e : entries) jobs.push_back(e->j);
-    try {
-      co_await run_jobs(jobs);
-    } catch (const std::exception&) {
-      for (job* j : jobs) j->result = proto::status::device_error;
-    }
-    for (auto* e : entries) resume_on(e->executor, e->handle);
+    give_back(w, std::move(l->buf));
+    for (auto h : ready) h.resume();  // on this worker's thread, each until its next wait
+    if (opts.batching && opts.batch_window.count() == 0) flush_ready(w);
   }
 
   // --- stopping --------------------------------------------------------------------------------
@@ -692,13 +706,13 @@ struct server::impl {
   void stop() noexcept {
     if (stopping.exchange(true)) return;
     try {
-      asio::post(accept_strand, [this] {
+      asio::post(workers.front()->ctx, [this] {
         std::error_code ignored;
-        acceptor.close(ignored);
+        acceptor->close(ignored);
       });
       std::lock_guard lock(conns_mutex);
-      for (auto& [key, w] : conns) {
-        auto c = w.lock();
+      for (auto& [key, weak] : conns) {
+        auto c = weak.lock();
         if (!c) continue;
         asio::post(c->socket.get_executor(), [c] {
           c->closing = true;
@@ -711,27 +725,21 @@ struct server::impl {
     } catch (...) {
       // Posting allocates; without memory the connections still end at their next request.
     }
+    // Each worker's run() returns once its connections and device work are done.
+    for (auto& w : workers) w->keep_running.reset();
   }
 
   cora::device& dev;
   server_options opts;
   cora::binary bin;
   cora::kernel k_add, k_saxpy, k_slow;
-  stream_pool pool;
-  asio::io_context ctx;
-  asio::strand<asio::io_context::executor_type> accept_strand, batch_strand;
-  tcp::acceptor acceptor;
-  std::vector<std::thread> threads;
+  stream_set streams;
+  std::vector<std::unique_ptr<worker>> workers;
+  std::optional<tcp::acceptor> acceptor;  // on the first worker
   std::atomic<bool> stopping{false};
 
   std::mutex conns_mutex;
   std::unordered_map<const connection*, std::weak_ptr<connection>> conns;
-
-  std::map<batch_key, open_batch> batches;  // on batch_strand
-  std::uint64_t batch_ids = 0;
-
-  std::atomic<std::uint64_t> accepted{0}, rejected{0}, open_count{0}, requests{0}, in_flight{0},
-      ok_count{0}, bad_requests{0}, timeouts{0}, device_errors{0}, batch_count{0}, batched{0};
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -746,44 +754,44 @@ server::~server() {
 
 std::uint16_t server::port() const noexcept {
   std::error_code ec;
-  return impl_->acceptor.local_endpoint(ec).port();
+  return impl_->acceptor->local_endpoint(ec).port();
 }
 
 asio::ip::tcp::endpoint server::endpoint() const {
   return {asio::ip::make_address(impl_->opts.address), port()};
 }
 
-asio::io_context& server::context() noexcept { return impl_->ctx; }
+asio::io_context& server::context() noexcept { return impl_->workers.front()->ctx; }
 
 void server::start() {
-  if (!impl_->threads.empty()) return;
-  unsigned n = impl_->opts.threads ? impl_->opts.threads : std::thread::hardware_concurrency();
-  for (unsigned i = 0; i < std::max(1u, n); ++i)
-    impl_->threads.emplace_back([this] { impl_->ctx.run(); });
+  for (auto& w : impl_->workers)
+    if (!w->thread.joinable()) w->thread = std::thread([&ctx = w->ctx] { ctx.run(); });
 }
 
 void server::stop() noexcept { impl_->stop(); }
 
 void server::join() {
-  for (auto& t : impl_->threads)
-    if (t.joinable()) t.join();
-  impl_->threads.clear();
+  for (auto& w : impl_->workers)
+    if (w->thread.joinable()) w->thread.join();
 }
 
 server_stats server::stats() const noexcept {
-  const impl& i = *impl_;
   server_stats s;
-  s.connections_accepted = i.accepted.load();
-  s.connections_rejected = i.rejected.load();
-  s.connections_open = i.open_count.load();
-  s.requests = i.requests.load();
-  s.in_flight = i.in_flight.load();
-  s.ok = i.ok_count.load();
-  s.bad_requests = i.bad_requests.load();
-  s.timeouts = i.timeouts.load();
-  s.device_errors = i.device_errors.load();
-  s.batches = i.batch_count.load();
-  s.batched_requests = i.batched.load();
+  for (const auto& w : impl_->workers) {
+    const counters& n = w->stats;
+    auto get = [](const std::atomic<std::uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+    s.connections_accepted += get(n.accepted);
+    s.connections_rejected += get(n.rejected);
+    s.connections_open += get(n.open);
+    s.requests += get(n.requests);
+    s.in_flight += get(n.in_flight);
+    s.ok += get(n.ok);
+    s.bad_requests += get(n.bad_requests);
+    s.timeouts += get(n.timeouts);
+    s.device_errors += get(n.device_errors);
+    s.batches += get(n.batches);
+    s.batched_requests += get(n.batched);
+  }
   return s;
 }
 

@@ -1,7 +1,8 @@
 // An Asio TCP server that runs a device kernel per request (see README.md for the protocol).
 //
-// One cora::task per connection reads a request, runs copy-in / launch / copy-out on a stream
-// taken from a pool with co_await, and writes the reply; no thread waits for the device.
+// One cora::task per connection reads a request, awaits its copy-in / launch / copy-out (alone
+// or packed with other requests into one launch) and writes the reply; no thread waits for the
+// device.
 #pragma once
 
 #include <asio/io_context.hpp>
@@ -20,8 +21,12 @@ namespace kernel_server {
 struct server_options {
   std::string address = "127.0.0.1";
   std::uint16_t port = 0;  ///< 0: the system picks a free port (see server::port())
-  unsigned threads = 0;    ///< threads running the io_context; 0: hardware threads
-  unsigned streams = 8;    ///< device streams in the pool (requests on the device at once)
+  /// Worker threads, each running its own io_context with its share of the connections;
+  /// 0: hardware threads.
+  unsigned threads = 0;
+  /// Device streams. A stream is not held while its work runs: each launch is enqueued on the
+  /// stream with the fewest launches in flight, so any number of requests may be on the device.
+  unsigned streams = 8;
   std::uint32_t max_request_bytes = 16u << 20;  ///< larger payloads get too_large and a close
   std::size_t max_connections = 4096;           ///< more get a busy reply and a close
   /// Longest time from a request's header arriving to its reply being ready; a request's own
@@ -36,10 +41,14 @@ struct server_options {
   /// Serve op::sleep (a kernel that busy-waits): for tests and demonstrations only.
   bool enable_sleep = false;
   std::uint64_t max_sleep_us = 10'000'000;
-  /// Dynamic batching: add and saxpy requests (with equal parameters) arriving within
-  /// batch_window are packed into one launch, up to batch_max_elements elements.
+  /// Dynamic batching: add and saxpy requests with equal parameters, on one worker, are packed
+  /// into one launch of up to batch_max_elements elements. With batch_window zero a worker
+  /// closes its batches as soon as it has fewer than batch_launches launches on the device: a
+  /// lone request goes at once, and requests gather only while the device is busy. A nonzero
+  /// window holds each batch open that long instead.
   bool batching = false;
-  std::chrono::microseconds batch_window{200};
+  std::chrono::microseconds batch_window{0};
+  unsigned batch_launches = 2;
   std::size_t batch_max_elements = 1u << 20;
   /// The kernel binary with add_f32, saxpy_rounds and slow (test_kernels.corabin).
   std::filesystem::path kernels;
@@ -79,10 +88,11 @@ class server {
   /// The port the server listens on (the chosen one when options.port was 0).
   std::uint16_t port() const noexcept;
   asio::ip::tcp::endpoint endpoint() const;
-  /// The io_context the server runs on (to attach an asio::signal_set, say).
+  /// The first worker's io_context, which also accepts connections (to attach an
+  /// asio::signal_set, say).
   asio::io_context& context() noexcept;
 
-  /// Starts options.threads threads running the io_context.
+  /// Starts the worker threads.
   void start();
   /// Stops accepting, closes idle connections, lets requests in flight finish and get their
   /// replies, then closes their connections. Idempotent; returns at once.

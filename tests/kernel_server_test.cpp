@@ -571,6 +571,20 @@ TEST_P(kernel_server_test, BatchesGatherWhileTheDeviceIsBusy) {
   });
 }
 
+// batch_launches 0 counts as 1: batches still close and requests are served.
+TEST_P(kernel_server_test, ZeroBatchLaunchesStillServes) {
+  with_watchdog(120s, [&] {
+    auto o = options();
+    o.batching = true;
+    o.batch_window = 0us;
+    o.batch_launches = 0;
+    auto srv = start(o);
+    client c(srv->port());
+    for (std::uint32_t id = 1; id <= 3; ++id) expect_add_works(c, 100 * id, id);
+    EXPECT_EQ(srv->stats().ok, 3u);
+  });
+}
+
 // A request whose deadline passes while it waits in a batch gets timeout; the batch leaves it
 // out, and the connection goes on.
 TEST_P(kernel_server_test, DeadlineWhileWaitingInABatch) {

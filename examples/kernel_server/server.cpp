@@ -213,6 +213,7 @@ struct launch {
 
 struct server::impl {
   impl(cora::device& d, server_options o) : dev(d), opts(std::move(o)), streams(d, opts.streams) {
+    opts.batch_launches = std::max(1u, opts.batch_launches);  // 0 would never close a batch
     const unsigned n = opts.threads ? opts.threads : std::thread::hardware_concurrency();
     for (unsigned i = 0; i < std::max(1u, n); ++i) workers.push_back(std::make_unique<worker>(i));
     acceptor.emplace(workers.front()->ctx);
@@ -686,18 +687,18 @@ struct server::impl {
           asio::bind_executor(w.ctx.get_executor(), [](std::error_code) {}));
     }
     const float* out = l->buf->host_out ? l->buf->host_out.data() : nullptr;
-    std::vector<std::coroutine_handle<>> ready;
-    ready.reserve(l->members.size());
     for (const member& m : l->members) {
       connection& c = *m.c;
       if (!c.parked_for(m.ticket)) continue;  // answered by its deadline
       job& j = c.current;
       if (ok && j.n) std::memcpy(j.out, out + m.offset, 4 * j.n);
       j.result = ok ? proto::status::ok : proto::status::device_error;
-      ready.push_back(std::exchange(c.parked, {}));
     }
-    give_back(w, std::move(l->buf));
-    for (auto h : ready) h.resume();  // on this worker's thread, each until its next wait
+    give_back(w, std::move(l->buf));  // first, so that the resumed requests may reuse them
+    // On this worker's thread, each until its next wait. A resumed request parks again with a
+    // new ticket, so a member is resumed only once.
+    for (const member& m : l->members)
+      if (m.c->parked_for(m.ticket)) std::exchange(m.c->parked, {}).resume();
     if (opts.batching && opts.batch_window.count() == 0) flush_ready(w);
   }
 

@@ -45,7 +45,7 @@ struct server_options {
   /// into one launch of up to batch_max_elements elements. With batch_window zero a worker
   /// closes its batches as soon as it has fewer than batch_launches launches on the device: a
   /// lone request goes at once, and requests gather only while the device is busy. A nonzero
-  /// window holds each batch open that long instead.
+  /// window holds each batch open that long instead. batch_launches 0 counts as 1.
   bool batching = false;
   std::chrono::microseconds batch_window{0};
   unsigned batch_launches = 2;

@@ -168,10 +168,10 @@ void cora_scaling(benchmark::State& state, std::size_t index, std::size_t stream
     r.done.resize(streams * per);
     asio::io_context ctx(1);
     const auto t_gate = clk::now();
-    gate.launch(slow, {}, gate_us(), flag.data());
-    gate.record(gate_done);
+    (void)gate.launch(slow, {}, gate_us(), flag.data());
+    (void)gate.record(gate_done);
     for (std::size_t s = 0; s < streams; ++s) {
-      ss[s].wait(gate_done);
+      (void)ss[s].wait(gate_done);
       for (std::size_t i = 0; i < per; ++i)
         cora::spawn(ctx, await_one(ss[s].launch(empty, {}), r, s * per + i), [](std::exception_ptr e) {
           if (e) std::rethrow_exception(e);

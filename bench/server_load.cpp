@@ -378,7 +378,7 @@ class baseline_server {
     std::memcpy(s->host_in.data(), p, 8 * n);
     float* x = s->in.data();
     float* y = x + n;
-    s->stream.copy(x, s->host_in.data(), 8 * n);
+    (void)s->stream.copy(x, s->host_in.data(), 8 * n);
     cora::launch_config cfg;
     if (dev_.backend() == cora::backend_kind::cuda) {
       cfg.block = 256;
@@ -389,11 +389,11 @@ class baseline_server {
           std::clamp<std::size_t>(n / 16384, 1, dev_.properties().compute_units));
     }
     if (h.op == static_cast<std::uint8_t>(proto::op::add)) {
-      s->stream.launch(k_add_, cfg, x, y, s->out.data(), std::uint64_t{n});
-      s->stream.copy(s->host_out.data(), s->out.data(), 4 * n);
+      (void)s->stream.launch(k_add_, cfg, x, y, s->out.data(), std::uint64_t{n});
+      (void)s->stream.copy(s->host_out.data(), s->out.data(), 4 * n);
     } else {
-      s->stream.launch(k_saxpy_, cfg, a, x, y, std::uint64_t{n}, rounds);
-      s->stream.copy(s->host_out.data(), y, 4 * n);
+      (void)s->stream.launch(k_saxpy_, cfg, a, x, y, std::uint64_t{n}, rounds);
+      (void)s->stream.copy(s->host_out.data(), y, 4 * n);
     }
     std::error_code ec;
     s->stream.synchronize().wait(ec);  // this thread sleeps until the device is done

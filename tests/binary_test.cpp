@@ -179,7 +179,7 @@ TEST_P(binary_test, UnloadWhileLaunchesAreInFlightLetsThemFinish) {
   auto slow = b.kernel("slow");
   auto s = dev().make_stream();
   auto flag = dev().alloc<std::uint32_t>(1);
-  s.fill(flag, 0);
+  (void)s.fill(flag, 0);
   auto done = s.launch(slow, {}, std::uint64_t{50000}, flag);
   b.unload();  // the launch holds the code until it completes
   slow = {};

@@ -164,7 +164,7 @@ class cuda_backend_test : public ::testing::Test {
     const std::size_t n = 4096;
     auto d = dev().alloc<std::uint32_t>(n);
     auto h = dev().alloc_host<std::uint32_t>(n);
-    s.launch(k, {.grid = 8, .block = 128}, d.data(), value, std::uint64_t{n});
+    (void)s.launch(k, {.grid = 8, .block = 128}, d.data(), value, std::uint64_t{n});
     s.copy(h, d).wait();
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(h[i], value) << i;
   }
@@ -239,7 +239,7 @@ TEST_F(cuda_backend_test, ParametersReachTheKernelWhateverCudasLayout) {
   EXPECT_EQ(sum.params()[2].offset, 16u);
   auto out = dev().alloc<double>(1);
   auto h = dev().alloc_host<double>(1);
-  s.launch(sum, {}, out.data(), std::int32_t{2}, std::int32_t{40}, 0.5);
+  (void)s.launch(sum, {}, out.data(), std::int32_t{2}, std::int32_t{40}, 0.5);
   s.copy(h, out).wait();
   EXPECT_EQ(h[0], 42.5);
 
@@ -252,7 +252,7 @@ TEST_F(cuda_backend_test, ParametersReachTheKernelWhateverCudasLayout) {
   std::memcpy(block.data() + sum.params()[1].offset, &a, sizeof(a));
   std::memcpy(block.data() + sum.params()[2].offset, &b, sizeof(b));
   std::memcpy(block.data() + sum.params()[3].offset, &c, sizeof(c));
-  s.launch_host_block(sum, {}, block);
+  (void)s.launch_host_block(sum, {}, block);
   s.copy(h, out).wait();
   EXPECT_EQ(h[0], 15.25);
 
@@ -265,7 +265,7 @@ TEST_F(cuda_backend_test, ParametersReachTheKernelWhateverCudasLayout) {
   struct pair16 {
     double a, b;
   };
-  s.launch(mixed, {}, std::uint8_t{3}, std::uint16_t{500}, pair16{1.5, -2.5}, std::uint32_t{70000}, vals.data());
+  (void)s.launch(mixed, {}, std::uint8_t{3}, std::uint16_t{500}, pair16{1.5, -2.5}, std::uint32_t{70000}, vals.data());
   s.copy(hv, vals).wait();
   EXPECT_EQ(hv[0], 3.0);
   EXPECT_EQ(hv[1], 500.0);
@@ -314,7 +314,7 @@ TEST_F(cuda_backend_test, LaunchAttributesAreHonouredOrRefused) {
   std::iota(h.begin(), h.end(), 1u);
   auto out = dev().alloc<std::uint64_t>(1);
   auto hout = dev().alloc_host<std::uint64_t>(1);
-  s.copy(in, h);
+  (void)s.copy(in, h);
   const auto shared = static_cast<std::uint32_t>(words * 4);
   ASSERT_EQ(outcome(s.launch(sum, {.grid = 1, .block = 256, .shared_bytes = shared}, in.data(), words, out.data())).first,
             std::error_code());
@@ -330,12 +330,12 @@ TEST_F(cuda_backend_test, HostFunctionsAndEventsKeepStreamOrder) {
   auto flags = dev().alloc<std::uint32_t>(1);
   auto start = dev().make_event(), end = dev().make_event();
   std::atomic<int> ran{0};
-  s.record(start);
-  s.launch(slow, {}, std::uint64_t{2000}, flags.data());
-  s.record(end);
-  s.host_func([&] { ran = 1; });
+  (void)s.record(start);
+  (void)s.launch(slow, {}, std::uint64_t{2000}, flags.data());
+  (void)s.record(end);
+  (void)s.host_func([&] { ran = 1; });
   auto other = dev().make_stream();
-  other.wait(end);
+  (void)other.wait(end);
   auto h = dev().alloc_host<std::uint32_t>(1);
   other.copy(h, flags).wait();
   EXPECT_EQ(h[0], 1u);  // the copy waited for the kernel on the other stream

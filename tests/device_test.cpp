@@ -69,7 +69,7 @@ TEST_P(device_test_suite, SynchronizeReportsAStreamsFault) {
   CORA_SKIP_FAULTS_ON_GPU();
   auto s = dev().make_stream();
   auto flags = dev().alloc<std::uint32_t>(1);
-  s.launch(kernels().kernel("trap"), {}, flags);
+  (void)s.launch(kernels().kernel("trap"), {}, flags);
   EXPECT_CORA_ERROR(dev().synchronize().wait(), errc::kernel_fault);
 }
 

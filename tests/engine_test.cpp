@@ -6,16 +6,21 @@
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 #include <asio/use_awaitable.hpp>
 #include <atomic>
+#include <coroutine>
 #include <cstdlib>
 #include <future>
+#include <optional>
 #include <random>
 #include <thread>
 
+#include "core/engine.hpp"
 #include "core/state.hpp"
 #include "cora/cora.hpp"
 #include "support/device_fixture.hpp"
@@ -94,7 +99,7 @@ TEST_P(engine_test, AnOpNobodyAwaitsCreatesNoMarker) {
   auto k = kernels().kernel("empty");
   s.synchronize().wait();
   const auto before = markers();
-  for (int i = 0; i < 100; ++i) s.launch(k, {});  // pendings dropped at once
+  for (int i = 0; i < 100; ++i) (void)s.launch(k, {});  // pendings dropped at once
   EXPECT_EQ(markers(), before);
   s.synchronize().wait();  // the one wait: one marker
   EXPECT_EQ(markers(), before + 1);
@@ -250,8 +255,8 @@ TEST_P(engine_test, StressManyCoroutinesManyStreams) {
             case 0: {  // copy in, add, copy out, check
               const float v = static_cast<float>(rng() % 1000);
               for (auto& e : h) e = v;
-              s.copy(x, h);
-              s.launch(add, {.grid = 2}, x, x, z, std::uint64_t{64});
+              (void)s.copy(x, h);
+              (void)s.launch(add, {.grid = 2}, x, x, z, std::uint64_t{64});
               co_await s.copy(h, z);
               if (h[0] == 2 * v && h[63] == 2 * v) ++checked; else ++failed;
               break;
@@ -340,6 +345,366 @@ TEST_P(engine_test, CancellationRacingCompletionOnAnotherThread) {
     for (auto& t : threads) t.join();
     EXPECT_EQ(done.load(), rounds);
     s.synchronize().wait();
+  });
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Ownership of waits (DESIGN section 4, rule 8) and where executor-less completions run.
+
+/// An op that completes when the test opens the gate: a host function waiting for it.
+struct gate {
+  std::promise<void> open_;
+  std::shared_future<void> opened = open_.get_future().share();
+  pending<void> hold(stream& s) {
+    return s.host_func([f = opened] { f.wait(); });
+  }
+  void open() { open_.set_value(); }
+};
+
+/// A coroutine type with no executor and no owner: whoever holds it may destroy the frame.
+struct bare_coroutine {
+  struct promise_type {
+    bare_coroutine get_return_object() {
+      return {std::coroutine_handle<promise_type>::from_promise(*this)};
+    }
+    std::suspend_never initial_suspend() noexcept { return {}; }
+    std::suspend_always final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+  std::coroutine_handle<promise_type> h;
+};
+
+// Defect: destroying a frame suspended in `co_await pending` left its awaiter registered, and
+// the completion then resumed freed memory.
+TEST_P(engine_test, DestroyingASuspendedFrameWithdrawsItsWait) {
+  auto s = dev().make_stream();
+  gate g;
+  auto& inline_group = detail::engine::get().inline_group();
+  const std::size_t before = inline_group.pending();
+  bool resumed = false;
+  auto body = [&]() -> bare_coroutine {
+    co_await g.hold(s);
+    resumed = true;
+  };
+  bare_coroutine c = body();
+  ASSERT_FALSE(c.h.done());
+  EXPECT_EQ(inline_group.pending(), before + 1);
+  c.h.destroy();
+  EXPECT_EQ(inline_group.pending(), before) << "the destroyed frame's wait is still armed";
+  g.open();
+  s.synchronize().wait();
+  EXPECT_FALSE(resumed);
+}
+
+// Defect: destroying an io_context while a cora::task was suspended on a cora op never
+// destroyed the task's frame (a bare handle was posted and dropped), leaking what it held.
+TEST_P(engine_test, DestroyingTheContextDestroysASuspendedTask) {
+  auto s = dev().make_stream();
+  gate g;
+  auto alive = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = alive;
+  {
+    asio::io_context ctx;
+    auto body = [](stream& st, pending<void> p, std::shared_ptr<int> held) -> task<void> {
+      (void)held;
+      co_await p;
+      (void)st.synchronize();
+    };
+    spawn(ctx, body(s, g.hold(s), std::move(alive)), asio::detached);
+    ctx.poll();  // the task starts and suspends on the gated op
+    EXPECT_FALSE(watch.expired());
+  }
+  EXPECT_TRUE(watch.expired()) << "the task's frame outlived its io_context";
+  g.open();
+  s.synchronize().wait();
+}
+
+// The same with the task awaited by a parent task and inside when_all: the whole tree goes.
+TEST_P(engine_test, DestroyingTheContextDestroysNestedAndWhenAllTasks) {
+  auto s = dev().make_stream();
+  gate g;
+  auto alive = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = alive;
+  {
+    asio::io_context ctx;
+    auto leaf = [](pending<void> p, std::shared_ptr<int> held) -> task<int> {
+      (void)held;
+      co_await p;
+      co_return 1;
+    };
+    auto root = [leaf](pending<void> a, pending<void> b, std::shared_ptr<int> held) -> task<void> {
+      auto [x, y] = co_await when_all(leaf(std::move(a), held), leaf(std::move(b), held));
+      ADD_FAILURE() << "resumed after its context was destroyed: " << x + y;
+    };
+    auto pa = g.hold(s);
+    auto pb = s.launch(kernels().kernel("empty"), {});
+    spawn(ctx, root(std::move(pa), std::move(pb), std::move(alive)), asio::detached);
+    for (int i = 0; i < 3; ++i) ctx.poll();
+    EXPECT_FALSE(watch.expired());
+  }
+  EXPECT_TRUE(watch.expired()) << "a frame of the tree outlived its io_context";
+  g.open();
+  s.synchronize().wait();
+}
+
+std::thread::id handler_thread_id() {
+  std::promise<std::thread::id> id;
+  asio::post(handler_executor(), [&] { id.set_value(std::this_thread::get_id()); });
+  return id.get_future().get();
+}
+
+// Defect: a wait without an executor ran on whichever thread detected the completion, for
+// example a user thread blocked in an unrelated wait() on the same stream.
+TEST_P(engine_test, ExecutorlessWaitNeverRunsOnAThreadBlockedInWait) {
+  with_watchdog(60s, [&] {
+    auto s = dev().make_stream();
+    for (int round = 0; round < 3; ++round) {
+      gate g;
+      std::promise<std::thread::id> ran_on;
+      g.hold(s).async_wait([&](std::error_code) { ran_on.set_value(std::this_thread::get_id()); });
+      auto later = s.launch(kernels().kernel("empty"), {});
+      std::thread::id blocked_id;
+      std::thread blocked([&] {
+        blocked_id = std::this_thread::get_id();
+        later.wait();
+      });
+      g.open();
+      blocked.join();
+      const auto id = ran_on.get_future().get();
+      EXPECT_NE(id, blocked_id) << "round " << round;
+      EXPECT_EQ(id, handler_thread_id()) << "round " << round;
+    }
+  });
+}
+
+// Defect: a handler without an executor that blocked in device.synchronize().wait() hung the
+// one thread that detected completions for everyone.
+TEST_P(engine_test, ExecutorlessHandlerMayBlockInDeviceSynchronize) {
+  with_watchdog(60s, [&] {
+    auto s = dev().make_stream();
+    auto other = dev().make_stream();
+    std::promise<std::error_code> done;
+    s.launch(kernels().kernel("empty"), {}).async_wait([&](std::error_code) {
+      (void)other.launch(kernels().kernel("empty"), {});
+      std::error_code ec;
+      dev().synchronize().wait(ec);
+      done.set_value(ec);
+    });
+    EXPECT_FALSE(done.get_future().get());
+  });
+}
+
+// Issue 18 item 6: sync_wait inside an executor-less handler works.
+TEST_P(engine_test, SyncWaitInsideAnExecutorlessHandler) {
+  with_watchdog(60s, [&] {
+    auto s = dev().make_stream();
+    auto other = dev().make_stream();
+    std::promise<int> done;
+    s.launch(kernels().kernel("empty"), {}).async_wait([&](std::error_code) {
+      auto t = [&]() -> task<int> {
+        co_await other.launch(kernels().kernel("empty"), {});
+        co_await other.synchronize();
+        co_return 7;
+      };
+      done.set_value(sync_wait(t()));
+    });
+    EXPECT_EQ(done.get_future().get(), 7);
+  });
+}
+
+// Issue 18 item 6: a handler that blocks stalls no parked wait of anyone else (user handlers
+// never run on the thread that detects completions for everyone).
+TEST_P(engine_test, BlockingHandlerDoesNotStallOtherWaits) {
+  with_watchdog(60s, [&] {
+    auto s = dev().make_stream();
+    auto other = dev().make_stream();
+    std::promise<void> release, entered;
+    s.launch(kernels().kernel("empty"), {}).async_wait([&](std::error_code) {
+      entered.set_value();
+      release.get_future().wait();  // blocks until the other waits have completed
+    });
+    entered.get_future().wait();
+    asio::io_context ctx;
+    int completed = 0;
+    auto flag = dev().alloc<std::uint32_t>(1);
+    auto body = [&]() -> task<void> {
+      for (int i = 0; i < 5; ++i) {
+        // Long enough to be parked with the engine thread under the hybrid policy.
+        co_await other.launch(kernels().kernel("slow"), {}, std::uint64_t{3000}, flag);
+        ++completed;
+      }
+    };
+    spawn(ctx, body(), asio::detached);
+    ctx.run();
+    EXPECT_EQ(completed, 5);
+    release.set_value();
+    s.synchronize().wait();
+  });
+}
+
+// Issue 18 item 6: a host function that waits for its own stream fails at once.
+TEST_P(engine_test, HostFunctionWaitingForItsOwnStreamFails) {
+  with_watchdog(60s, [&] {
+    auto s = dev().make_stream();
+    std::error_code own, device_wide;
+    std::string what;
+    s.host_func([&] {
+       try {
+         s.synchronize().wait();
+       } catch (const error& e) {
+         own = e.code();
+         what = e.what();
+       }
+       dev().synchronize().wait(device_wide);
+     }).wait();
+    EXPECT_EQ(own, std::errc::resource_deadlock_would_occur);
+    EXPECT_NE(what.find("host function"), std::string::npos) << what;
+    EXPECT_EQ(device_wide, std::errc::resource_deadlock_would_occur);
+  });
+}
+
+// Defect: ~runtime resumed executor-less waiters inline on the destroying thread, and waited
+// up to 10 s per device for device work.
+TEST(engine, RuntimeDestructionNeitherBlocksNorRunsHandlersInline) {
+  with_watchdog(60s, [] {
+    runtime_options o;
+    o.use_environment = false;
+    o.backend = backend_selection::cpu;
+    o.cpu_compute_units = 2;
+    auto rt = std::make_unique<runtime>(o);
+    auto s = rt->device(0).make_stream();
+    gate g;
+    std::promise<void> started;
+    auto held = s.host_func([&started, f = g.opened] {
+      started.set_value();
+      f.wait();
+    });
+    started.get_future().wait();  // running on a worker: the runtime cannot stop it
+    auto queued = s.launch(rt->device(0).load_binary(kernel_file("test_kernels.corabin")).wait().kernel("empty"), {});
+    std::promise<std::pair<std::error_code, std::thread::id>> got;
+    queued.async_wait([&](std::error_code ec) { got.set_value({ec, std::this_thread::get_id()}); });
+    rt.reset();  // the host function still holds a worker: this must not wait for it
+    auto [ec, id] = got.get_future().get();
+    EXPECT_EQ(ec, asio::error::operation_aborted);
+    EXPECT_NE(id, std::this_thread::get_id());
+    g.open();
+    std::error_code held_ec;
+    held.wait(held_ec);
+    EXPECT_FALSE(held_ec) << "the host function that ran completes with its result";
+    std::error_code queued_ec;
+    queued.wait(queued_ec);
+    EXPECT_EQ(queued_ec, errc::runtime_shut_down);
+  });
+}
+
+// The ownership rules under stress: 1000 tasks (at scale 100) on several io_contexts, each
+// cancelled, destroyed with its context, or left to complete, with the runtime destroyed at a
+// random point of some rounds. Every frame must end resumed or destroyed (none leaks: the
+// guards all go), and nothing may touch freed memory (ASan, TSan in scripts/sanitize).
+TEST(engine, StressOwnershipUnderCancellationAndDestruction) {
+  const int total = 10 * stress_scale();
+  const int rounds = std::max(1, total / 100);
+  with_watchdog(600s, [&] {
+    std::mt19937 rng(20261203);
+    std::atomic<int> frames{0}, completed{0}, spawned{0};
+    struct guard {
+      std::atomic<int>* n;
+      explicit guard(std::atomic<int>* c) : n(c) { ++*n; }
+      guard(const guard&) = delete;
+      ~guard() { --*n; }
+    };
+    for (int round = 0; round < rounds; ++round) {
+      runtime_options o;
+      o.use_environment = false;
+      o.backend = backend_selection::cpu;
+      o.cpu_compute_units = 2;
+      auto rt = std::make_unique<runtime>(o);
+      auto& dev = rt->device(0);
+      auto bin = dev.load_binary(kernel_file("test_kernels.corabin")).wait();
+      const kernel empty = bin.kernel("empty"), slow = bin.kernel("slow");
+      auto flag = dev.alloc<std::uint32_t>(1);
+      std::vector<stream> streams;
+      for (int i = 0; i < 3; ++i) streams.push_back(dev.make_stream());
+
+      constexpr int contexts = 3;
+      std::vector<std::unique_ptr<asio::io_context>> ctx;
+      std::vector<std::optional<asio::executor_work_guard<asio::io_context::executor_type>>> work(contexts);
+      std::vector<std::thread> threads;
+      for (int c = 0; c < contexts; ++c) {
+        ctx.push_back(std::make_unique<asio::io_context>(1));
+        work[c].emplace(ctx[c]->get_executor());
+      }
+      for (int c = 0; c < contexts; ++c) threads.emplace_back([&, c] { ctx[c]->run(); });
+      std::vector<std::unique_ptr<asio::cancellation_signal>> signals;
+
+      auto body = [](stream& s, kernel e, kernel sl, device_buffer<std::uint32_t>& f, int ops,
+                     std::unique_ptr<guard> g) -> task<void> {
+        (void)g;
+        for (int i = 0; i < ops; ++i) {
+          try {
+            switch (i % 3) {
+              case 0: co_await s.launch(e, {}); break;
+              case 1: co_await s.launch(sl, {}, std::uint64_t{30}, f); break;
+              default: {
+                asio::steady_timer t(co_await this_executor(), std::chrono::microseconds(50));
+                co_await t.async_wait(use_task);
+              }
+            }
+          } catch (const std::system_error& ex) {
+            if (ex.code() == asio::error::operation_aborted) co_return;  // cancelled
+            if (ex.code() == errc::runtime_shut_down) co_return;
+          }
+        }
+      };
+
+      const int per_round = total / rounds;
+      const int doomed = static_cast<int>(rng() % contexts);  // destroyed mid-round
+      const int doom_at = static_cast<int>(rng() % per_round);
+      const int rt_at = round % 2 ? static_cast<int>(rng() % per_round) : -1;
+      for (int i = 0; i < per_round; ++i) {
+        if (i == rt_at) rt.reset();  // waits pending: they end with operation_aborted
+        if (i == doom_at) {
+          work[doomed].reset();
+          ctx[doomed]->stop();
+          threads[doomed].join();
+          ctx[doomed].reset();  // destroys the frames suspended there
+        }
+        int c = static_cast<int>(rng() % contexts);
+        if (!ctx[c]) c = (c + 1) % contexts;
+        auto& s = streams[rng() % streams.size()];
+        auto g = std::make_unique<guard>(&frames);
+        signals.push_back(std::make_unique<asio::cancellation_signal>());
+        ++spawned;
+        spawn(*ctx[c], body(s, empty, slow, flag, 1 + static_cast<int>(rng() % 12), std::move(g)),
+              asio::bind_cancellation_slot(signals.back()->slot(), [&](std::exception_ptr e) {
+                EXPECT_FALSE(e);
+                ++completed;
+              }));
+        if (rng() % 3 == 0) {
+          auto* sig = signals.back().get();
+          auto delay = std::chrono::microseconds(rng() % 300);
+          auto t = std::make_shared<asio::steady_timer>(*ctx[c], delay);
+          t->async_wait([t, sig](std::error_code ec) {
+            if (!ec) sig->emit(asio::cancellation_type::terminal);
+          });
+        }
+      }
+      for (int c = 0; c < contexts; ++c) {
+        if (!ctx[c]) continue;
+        work[c].reset();
+        threads[c].join();
+        ctx[c].reset();
+      }
+      EXPECT_EQ(frames.load(), 0) << "round " << round << ": frames neither resumed nor destroyed";
+      streams.clear();
+      flag.reset();
+      rt.reset();
+      signals.clear();
+    }
+    EXPECT_EQ(spawned.load(), rounds * (total / rounds));
+    EXPECT_GT(completed.load(), 0);
   });
 }
 

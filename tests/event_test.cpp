@@ -12,9 +12,9 @@ TEST_P(event_test, MeasuresTheTimeOfRecordedWork) {
   auto s = dev().make_stream();
   auto start = dev().make_event(), end = dev().make_event();
   auto flag = dev().alloc<std::uint32_t>(1);
-  s.record(start);
-  s.launch(kernels().kernel("slow"), {}, std::uint64_t{20000}, flag);
-  s.record(end);
+  (void)s.record(start);
+  (void)s.launch(kernels().kernel("slow"), {}, std::uint64_t{20000}, flag);
+  (void)s.record(end);
   end.synchronize().wait();
   EXPECT_TRUE(end.ready());
   const double ms = event::elapsed(start, end).count();
@@ -27,10 +27,10 @@ TEST_P(event_test, OrdersWorkAcrossStreams) {
   auto ev = dev().make_event();
   auto flag = dev().alloc<std::uint32_t>(1);
   auto h = dev().alloc_host<std::uint32_t>(1);
-  a.fill(flag, 0);
-  a.launch(kernels().kernel("slow"), {}, std::uint64_t{30000}, flag);  // sets flag[0] = 1 at the end
-  a.record(ev);
-  b.wait(ev);
+  (void)a.fill(flag, 0);
+  (void)a.launch(kernels().kernel("slow"), {}, std::uint64_t{30000}, flag);  // sets flag[0] = 1 at the end
+  (void)a.record(ev);
+  (void)b.wait(ev);
   b.copy(h, flag).wait();
   EXPECT_EQ(h[0], 1u) << "stream b read the flag before the event's work finished";
 }
@@ -44,12 +44,12 @@ TEST_P(event_test, NeverRecordedEventIsReadyAndSynchronizesAtOnce) {
 TEST_P(event_test, ElapsedNeedsBothRecordedAndTimingEvents) {
   auto s = dev().make_stream();
   auto a = dev().make_event(), b = dev().make_event();
-  s.record(a);
+  (void)s.record(a);
   std::error_code ec;
   event::elapsed(a, b, ec);
   EXPECT_EQ(ec, make_error_code(errc::not_ready));
   auto plain = dev().make_event({.timing = false});
-  s.record(plain);
+  (void)s.record(plain);
   s.synchronize().wait();
   EXPECT_CORA_ERROR(event::elapsed(a, plain), errc::invalid_argument);
   EXPECT_CORA_ERROR(event::elapsed(a, event()), errc::invalid_handle);
@@ -70,10 +70,10 @@ TEST_P(event_test, EventWaitIsAwaitableAndReRecordingMovesIt) {
   auto s = dev().make_stream();
   auto ev = dev().make_event();
   auto flag = dev().alloc<std::uint32_t>(1);
-  s.record(ev);
+  (void)s.record(ev);
   auto first = ev.synchronize();
-  s.launch(kernels().kernel("slow"), {}, std::uint64_t{50000}, flag);
-  s.record(ev);
+  (void)s.launch(kernels().kernel("slow"), {}, std::uint64_t{50000}, flag);
+  (void)s.record(ev);
   first.wait();  // the first record completes before the slow kernel
   EXPECT_FALSE(ev.ready());
   ev.synchronize().wait();

@@ -45,7 +45,7 @@ class fault_injection_test : public ::testing::Test {
   // Fills `d` with `value` on stream `s` and reads it back: the stream and device still work.
   void expect_works(cora::stream& s, device_buffer<std::uint32_t>& d, std::uint8_t value) {
     auto h = dev().alloc_host<std::uint32_t>(d.size());
-    s.fill(d, value);
+    (void)s.fill(d, value);
     s.copy(h, d).wait();
     const std::uint32_t want = 0x01010101u * value;
     for (std::size_t i = 0; i < d.size(); ++i) ASSERT_EQ(h[i], want) << i;
@@ -149,7 +149,7 @@ TEST_F(fault_injection_test, DeviceLostCompletesEveryWaiterAndSparesOtherDevices
       streams[0].launch(kernels_.kernel("iota_u32"), {.grid = 1}, d, std::uint64_t{64}));
   waits.push_back(streams[0].fill(d, 1));
   cora::event ev = dev().make_event();
-  streams[0].record(ev);
+  (void)streams[0].record(ev);
   waits.push_back(streams[1].wait(ev));  // blocked behind the stuck kernel
   waits.push_back(streams[1].fill(d, 2));
   // A real kernel, 10 s per block: the loss stops it at its next checkpoint.
@@ -184,7 +184,7 @@ TEST_F(fault_injection_test, DeviceLostCompletesEveryWaiterAndSparesOtherDevices
   auto s1 = dev(1).make_stream();
   auto d1 = dev(1).alloc<std::uint32_t>(64);
   auto h1 = dev(1).alloc_host<std::uint32_t>(64);
-  s1.fill(d1, 9);
+  (void)s1.fill(d1, 9);
   s1.copy(h1, d1).wait();
   EXPECT_EQ(h1[63], 0x09090909u);
 }

@@ -22,8 +22,8 @@ TEST_P(kernel_args_test, PlaceholdersDeliverTheirPayloadToTheKernel) {
     hy[i] = half(1.0f);
   }
   auto s = dev().make_stream();
-  s.copy(x.data(), hx.data(), n * 2);
-  s.copy(y.data(), hy.data(), n * 2);
+  (void)s.copy(x.data(), hx.data(), n * 2);
+  (void)s.copy(y.data(), hy.data(), n * 2);
   kernel_args args(k);
   args.append(x.data());
   args.append(y.data());
@@ -33,7 +33,7 @@ TEST_P(kernel_args_test, PlaceholdersDeliverTheirPayloadToTheKernel) {
   *static_cast<std::int32_t*>(args.placeholder_buffer(len, 4)) = static_cast<std::int32_t>(n);
   *static_cast<std::int32_t*>(args.placeholder_buffer(num, 4)) = 8;
   args.finalize();
-  s.launch(k, {.grid = 8}, args);
+  (void)s.launch(k, {.grid = 8}, args);
   s.copy(hz.data(), z.data(), n * 2).wait();
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(float(hz[i]), float(hx[i]) + 1.0f) << i;
 }
@@ -43,20 +43,20 @@ TEST_P(kernel_args_test, UpdateAfterFinalizeNeedsFinalizeAgain) {
   auto s = dev().make_stream();
   auto x = dev().alloc<float>(4);
   float ones[4] = {1, 1, 1, 1};
-  s.copy(x.data(), ones, sizeof(ones));
+  (void)s.copy(x.data(), ones, sizeof(ones));
   kernel_args args(k);
   args.append(x.data());
   const float two = 2.0f;
   auto factor = args.append(two);
   args.append(std::uint64_t{4});
   args.finalize();
-  s.launch(k, {}, args);
+  (void)s.launch(k, {}, args);
   const float three = 3.0f;
   args.update(factor, &three, sizeof(three));
   EXPECT_FALSE(args.finalized());
   EXPECT_CORA_ERROR(s.launch(k, {}, args).wait(), errc::args_not_finalized);
   args.finalize();
-  s.launch(k, {}, args);
+  (void)s.launch(k, {}, args);
   float h[4];
   s.copy(h, x.data(), sizeof(h)).wait();
   EXPECT_EQ(h[0], 6.0f);
@@ -144,7 +144,7 @@ TEST_P(kernel_args_test, AtMost128Parameters) {
   EXPECT_CORA_ERROR(args.append(std::uint8_t{0}), errc::too_many_arguments);
   args.finalize();
   auto s = dev().make_stream();
-  s.launch(k, {}, args);
+  (void)s.launch(k, {}, args);
   std::uint32_t h = 0;
   s.copy(&h, out.data(), 4).wait();
   EXPECT_EQ(h, expected);

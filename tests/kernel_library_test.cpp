@@ -16,8 +16,8 @@ TEST_P(kernel_library_test, LaunchesBySymbolWithTypedArguments) {
   const std::size_t n = 1000;
   auto x = dev().alloc<float>(n), y = dev().alloc<float>(n);
   std::vector<float> hx(n, 2.0f), hy(n, 1.0f);
-  s.copy(x.data(), hx.data(), n * 4);
-  s.copy(y.data(), hy.data(), n * 4);
+  (void)s.copy(x.data(), hx.data(), n * 4);
+  (void)s.copy(y.data(), hy.data(), n * 4);
   auto t = [&]() -> task<void> {
     co_await test_mixed_kernels::axpy(s, {.grid = 4}, 3.0f, x, y, std::uint64_t{n});
     co_await s.copy(hy.data(), y.data(), n * 4);

@@ -22,9 +22,9 @@ class launch_test : public device_test {
       hx[i] = static_cast<float>(i);
       hy[i] = 0.5f;
     }
-    s.copy(x, hx);
-    s.copy(y, hy);
-    s.fill(z, 0);
+    (void)s.copy(x, hx);
+    (void)s.copy(y, hy);
+    (void)s.fill(z, 0);
     launch(s, kernels().kernel("add_f32"), x, y, z, std::uint64_t{n}).wait();
     s.copy(hz, z).wait();
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hz[i], static_cast<float>(i) + 0.5f) << i;
@@ -79,7 +79,7 @@ TEST_P(launch_test, DeviceResidentBlock) {
   check_add([this](stream& s, const kernel& k, auto& x, auto& y, auto& z, std::uint64_t n) {
     void* block[] = {x.data(), y.data(), z.data(), reinterpret_cast<void*>(n)};
     auto dblock = dev().alloc<std::byte>(sizeof(block));
-    s.copy(dblock.data(), block, sizeof(block));  // pageable source: read before copy() returns
+    (void)s.copy(dblock.data(), block, sizeof(block));  // pageable source: read before copy() returns
     auto p = s.launch_device_block(k, {.grid = 6}, dblock.data(), sizeof(block));
     p.wait();
     return p;
@@ -92,8 +92,8 @@ TEST_P(launch_test, MixedParameterLayoutReachesTheKernelIntact) {
   struct pair16 {
     double a, b;
   };
-  s.launch(kernels().kernel("mixed_args"), {}, std::uint8_t{200}, std::uint16_t{60000},
-           pair16{1.5, -2.25}, std::uint32_t{4000000000u}, out);
+  (void)s.launch(kernels().kernel("mixed_args"), {}, std::uint8_t{200}, std::uint16_t{60000},
+                 pair16{1.5, -2.25}, std::uint32_t{4000000000u}, out);
   double h[5] = {};
   s.copy(h, out.data(), sizeof(h)).wait();
   EXPECT_EQ(h[0], 200);
@@ -107,8 +107,8 @@ TEST_P(launch_test, EveryBlockRuns) {
   auto s = dev().make_stream();
   const std::uint32_t n = 1000;
   auto out = dev().alloc<std::uint32_t>(n);
-  s.fill(out, 0xff);
-  s.launch(kernels().kernel("iota_u32"), {.grid = dim3(10, 3, 2)}, out, std::uint64_t{n});
+  (void)s.fill(out, 0xff);
+  (void)s.launch(kernels().kernel("iota_u32"), {.grid = dim3(10, 3, 2)}, out, std::uint64_t{n});
   std::vector<std::uint32_t> h(n);
   s.copy(h.data(), out.data(), n * 4).wait();
   for (std::uint32_t i = 0; i < n; ++i) ASSERT_EQ(h[i], i);

@@ -70,9 +70,9 @@ TEST_P(multi_device_test, EachDeviceRunsItsOwnWorkAtTheSameTime) {
   std::vector<pending<void>> done;
   for (std::size_t d = 0; d < 2; ++d) {
     auto& p = work[d];
-    p.s.copy(p.x, p.h);
-    p.s.copy(p.y, p.h);
-    p.s.launch(kernels(d).kernel("add_f32"), {.grid = 8}, p.x, p.y, p.z, std::uint64_t{n});
+    (void)p.s.copy(p.x, p.h);
+    (void)p.s.copy(p.y, p.h);
+    (void)p.s.launch(kernels(d).kernel("add_f32"), {.grid = 8}, p.x, p.y, p.z, std::uint64_t{n});
     done.push_back(p.s.copy(p.h, p.z));
   }
   for (auto& f : done) f.wait();
@@ -134,9 +134,9 @@ TEST_P(multi_device_test, AnEventOfOneDeviceOrdersAStreamOfTheOther) {
   auto flag = dev(0).alloc<std::uint32_t>(1);
   auto h = dev(1).alloc_host<std::uint32_t>(1);
   a.fill(flag, 0).wait();
-  a.launch(kernels(0).kernel("slow"), {}, std::uint64_t{30000}, flag);  // flag = 1 at the end
-  a.record(ev);
-  b.wait(ev);
+  (void)a.launch(kernels(0).kernel("slow"), {}, std::uint64_t{30000}, flag);  // flag = 1 at the end
+  (void)a.record(ev);
+  (void)b.wait(ev);
   b.copy(h, flag).wait();
   EXPECT_EQ(h[0], 1u) << "device 1 read the flag before device 0's work finished";
 }

@@ -1,6 +1,9 @@
 #include "cora/pending.hpp"
 
+#include <asio/bind_allocator.hpp>
+#include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
+#include <asio/post.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -9,6 +12,8 @@
 #include <asio/strand.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
+#include <atomic>
+#include <future>
 #include <thread>
 
 #include "support/device_fixture.hpp"
@@ -147,6 +152,64 @@ TEST_P(pending_test, PlainCoroutineResumesOnTheEngineThread) {
   auto f = resumed_on.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_NE(f.get(), std::this_thread::get_id());
+}
+
+
+// Defect: async_state_base::complete walked its waiter list without the lock while a
+// cancellation unlinked (and freed) a node under it. Host-side ops (loads, device.synchronize,
+// ops failed at enqueue) complete this way. Run under TSan/ASan to see the race it had.
+TEST(pending, HostSideCompletionRacingCancellation) {
+  asio::io_context ctx;
+  int handled = 0, aborted = 0;
+  for (int round = 0; round < 2000; ++round) {
+    auto st = detail::make_intrusive<detail::async_state<void>>();
+    pending<void> p(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(st), 0));
+    asio::cancellation_signal sig;
+    // Several waiters, so that the completer walks a list while one is unlinked.
+    for (int w = 0; w < 3; ++w)
+      p.async_wait(asio::bind_cancellation_slot(
+          w == 1 ? sig.slot() : asio::cancellation_slot(),
+          asio::bind_executor(ctx, [&](std::error_code ec) {
+            ++handled;
+            if (ec == asio::error::operation_aborted) ++aborted;
+          })));
+    std::thread completer([&] { st->complete({}); });
+    asio::post(ctx, [&] { sig.emit(asio::cancellation_type::terminal); });
+    ctx.restart();
+    ctx.run();
+    completer.join();
+  }
+  EXPECT_EQ(handled, 3 * 2000);
+  EXPECT_LE(aborted, 2000);
+}
+
+template <class T>
+struct counting_allocator {
+  using value_type = T;
+  std::atomic<std::size_t>* count;
+  explicit counting_allocator(std::atomic<std::size_t>* c) noexcept : count(c) {}
+  template <class U>
+  counting_allocator(const counting_allocator<U>& o) noexcept : count(o.count) {}  // NOLINT
+  T* allocate(std::size_t n) {
+    count->fetch_add(1);
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p); }
+  template <class U>
+  bool operator==(const counting_allocator<U>& o) const noexcept {
+    return count == o.count;
+  }
+};
+
+// A handler's associated allocator provides the wait's memory (asio's convention).
+TEST_P(pending_test, AsyncWaitUsesTheHandlersAllocator) {
+  std::atomic<std::size_t> allocations{0};
+  auto s = dev().make_stream();
+  std::promise<void> done;
+  slow_op(s, 1000).async_wait(asio::bind_allocator(counting_allocator<void>(&allocations),
+                                                   [&](std::error_code) { done.set_value(); }));
+  done.get_future().wait();
+  EXPECT_GE(allocations.load(), 1u);
 }
 
 }  // namespace

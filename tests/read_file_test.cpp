@@ -52,7 +52,7 @@ read_options options_for(const read_mode& m, std::size_t chunk_bytes = chunk, un
 class stream_gate {
  public:
   explicit stream_gate(stream& s) {
-    s.host_func([this] {
+    (void)s.host_func([this] {
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [this] { return open_; });
     });

@@ -1,6 +1,7 @@
 #include "cora/runtime.hpp"
 
 #include <cstdlib>
+#include <future>
 
 #include "support/device_fixture.hpp"
 
@@ -117,6 +118,64 @@ TEST(runtime, ObjectsOutliveTheRuntimeAndFailCleanly) {
   EXPECT_CORA_ERROR(s.fill(buf, 0).wait(), errc::runtime_shut_down);
   buf.reset();
   s = stream();
+}
+
+// Defect: stream.device() returned a reference into the destroyed runtime.
+TEST(runtime, StreamDeviceStaysValidAfterTheRuntime) {
+  stream s;
+  std::string name;
+  {
+    runtime_options o;
+    o.use_environment = false;
+    o.backend = backend_selection::cpu;
+    runtime rt(o);
+    s = rt.device(0).make_stream();
+    name = rt.device(0).name();
+    EXPECT_EQ(&s.device(), &rt.device(0));
+  }
+  device& d = s.device();
+  EXPECT_EQ(d.name(), name);
+  EXPECT_EQ(d.index(), 0u);
+  EXPECT_CORA_ERROR(d.make_stream(), errc::runtime_shut_down);
+  EXPECT_CORA_ERROR(d.alloc<float>(4), errc::runtime_shut_down);
+  std::error_code ec;
+  d.synchronize().wait(ec);
+  EXPECT_FALSE(ec) << ec.message();
+}
+
+// Issue 18 item 4: an op still queued on the CPU device when the runtime is destroyed completes
+// (with runtime_shut_down, or its result if it ran), and a wait on it ends.
+TEST(runtime, QueuedWorkCompletesAfterTheRuntimeIsDestroyed) {
+  with_watchdog(std::chrono::seconds(60), [] {
+    stream s;
+    pending<void> running, queued, synced;
+    std::promise<void> started, release;
+    auto gate = release.get_future().share();
+    {
+      runtime_options o;
+      o.use_environment = false;
+      o.backend = backend_selection::cpu;
+      o.cpu_compute_units = 1;
+      runtime rt(o);
+      s = rt.device(0).make_stream();
+      auto buf = rt.device(0).alloc<std::uint32_t>(64);
+      running = s.host_func([&started, gate] {
+        started.set_value();
+        gate.wait();
+      });
+      started.get_future().wait();
+      queued = s.fill(buf, 1);
+      synced = s.synchronize();
+    }
+    release.set_value();
+    std::error_code ec;
+    running.wait(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    queued.wait(ec);
+    EXPECT_EQ(ec, errc::runtime_shut_down);
+    synced.wait(ec);
+    EXPECT_EQ(ec, errc::runtime_shut_down);
+  });
 }
 
 TEST(runtime, CpuDevicesComeFromTheEnvironment) {

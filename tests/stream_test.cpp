@@ -19,7 +19,7 @@ TEST_P(stream_test, CopiesRoundTripThroughDeviceMemory) {
   auto back = dev().alloc_host<std::uint32_t>(n);
   std::iota(h.begin(), h.end(), 7u);
   auto d = dev().alloc<std::uint32_t>(n);
-  s.copy(d, h);
+  (void)s.copy(d, h);
   s.copy(back, d).wait();
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], i + 7);
 }
@@ -30,9 +30,9 @@ TEST_P(stream_test, TypedLaunchComputesOnTheDevice) {
   auto x = dev().alloc<float>(n), y = dev().alloc<float>(n), z = dev().alloc<float>(n);
   auto hx = dev().alloc_host<float>(n), hz = dev().alloc_host<float>(n);
   for (std::size_t i = 0; i < n; ++i) hx[i] = static_cast<float>(i);
-  s.copy(x, hx);
-  s.copy(y, hx);
-  s.launch(kernels().kernel("add_f32"), {.grid = 16}, x, y, z, std::uint64_t{n});
+  (void)s.copy(x, hx);
+  (void)s.copy(y, hx);
+  (void)s.launch(kernels().kernel("add_f32"), {.grid = 16}, x, y, z, std::uint64_t{n});
   s.copy(hz, z).wait();
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hz[i], 2.0f * static_cast<float>(i));
 }
@@ -50,11 +50,11 @@ TEST_P(stream_test, CopiesInEveryDirection) {
   auto d1 = dev().alloc<std::uint8_t>(1000), d2 = dev().alloc<std::uint8_t>(1000);
   auto pinned = dev().alloc_host<std::uint8_t>(1000);
   std::vector<std::uint8_t> out(1000);
-  s.copy(d1.data(), pageable.data(), 1000);  // H2D from pageable memory
+  (void)s.copy(d1.data(), pageable.data(), 1000);  // H2D from pageable memory
   pageable.assign(1000, 0);                  // the source was read before copy() returned
-  s.copy(d2, d1);                             // D2D
-  s.copy(pinned, d2);                         // D2H into pinned memory
-  s.copy(out.data(), pinned.data(), 1000);    // H2H
+  (void)s.copy(d2, d1);                             // D2D
+  (void)s.copy(pinned, d2);                         // D2H into pinned memory
+  (void)s.copy(out.data(), pinned.data(), 1000);    // H2H
   s.synchronize().wait();
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], static_cast<std::uint8_t>(i));
 }
@@ -62,7 +62,7 @@ TEST_P(stream_test, CopiesInEveryDirection) {
 TEST_P(stream_test, FillSetsBytes) {
   auto s = dev().make_stream();
   auto d = dev().alloc<std::uint32_t>(64);
-  s.fill(d, 0xab);
+  (void)s.fill(d, 0xab);
   std::uint32_t h[64];
   s.copy(h, d.data(), sizeof(h)).wait();
   for (auto v : h) ASSERT_EQ(v, 0xababababu);
@@ -132,19 +132,19 @@ TEST_P(stream_test, TrapFailsTheStreamUntilSynchronizeReportsIt) {
   EXPECT_CORA_ERROR(after.wait(), errc::kernel_fault);
   // Other streams keep working.
   auto h = dev().alloc_host<std::uint32_t>(4);
-  other.fill(flags, 7);
+  (void)other.fill(flags, 7);
   other.copy(h, flags).wait();
   EXPECT_EQ(h[0], 0x07070707u);
   // synchronize reports the fault once, then the stream is usable again.
   EXPECT_CORA_ERROR(s.synchronize().wait(), errc::kernel_fault);
-  s.fill(flags, 1);
+  (void)s.fill(flags, 1);
   s.copy(h, flags).wait();
   EXPECT_EQ(h[0], 0x01010101u);
 }
 
 TEST_P(stream_test, DroppedFailureSurfacesAtTheNextWait) {
   auto s = dev().make_stream();
-  s.copy(nullptr, nullptr, 4);  // fails validation; the pending is dropped
+  (void)s.copy(nullptr, nullptr, 4);  // fails validation; the pending is dropped
   auto d = dev().alloc<std::uint8_t>(4);
   EXPECT_CORA_ERROR(s.fill(d, 0).wait(), errc::invalid_pointer);
   std::error_code ec;
@@ -159,14 +159,14 @@ TEST_P(stream_test, DestroyingAStreamWithWorkInFlightLetsTheWorkFinish) {
   auto done = dev().make_event();
   {
     auto s = dev().make_stream();
-    s.fill(flag, 0);
-    s.launch(kernels().kernel("slow"), {}, std::uint64_t{20000}, flag);
-    s.record(done);
+    (void)s.fill(flag, 0);
+    (void)s.launch(kernels().kernel("slow"), {}, std::uint64_t{20000}, flag);
+    (void)s.record(done);
   }  // the stream handle is gone, its work is not
   // Read the flag after the kernel through the event, not by polling it while the kernel
   // writes it (a data race, which ThreadSanitizer reports on the CPU device).
   auto s2 = dev().make_stream();
-  s2.wait(done);
+  (void)s2.wait(done);
   s2.copy(h, flag).wait();
   EXPECT_EQ(h[0], 1u);
 }
@@ -188,8 +188,8 @@ TEST_P(stream_test, HostFunctionRunsInStreamOrder) {
   auto s = dev().make_stream();
   auto d = dev().alloc<std::uint32_t>(1);
   auto h = dev().alloc_host<std::uint32_t>(1);
-  s.fill(d, 5);
-  s.copy(h, d);
+  (void)s.fill(d, 5);
+  (void)s.copy(h, d);
   std::uint32_t seen = 0;
   s.host_func([&] { seen = h[0]; }).wait();
   EXPECT_EQ(seen, 0x05050505u);

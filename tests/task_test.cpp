@@ -4,7 +4,9 @@
 #include <asio/steady_timer.hpp>
 #include <asio/thread_pool.hpp>
 #include <asio/use_future.hpp>
+#include <asio/bind_cancellation_slot.hpp>
 #include <atomic>
+#include <future>
 #include <stdexcept>
 
 #include "cora/spawn.hpp"
@@ -158,6 +160,133 @@ TEST(task, UseTaskThrowsAsioErrors) {
   } catch (const std::system_error& e) {
     EXPECT_EQ(e.code(), asio::error::operation_aborted);
   }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation end to end (DESIGN section 4, rule 9).
+
+class task_device_test : public device_test {
+ protected:
+  /// An op that completes when `gate` is opened.
+  pending<void> gated(stream& s, std::shared_future<void> gate) {
+    return s.host_func([gate] { gate.wait(); });
+  }
+};
+CORA_DEVICE_SUITE(task_device_test);
+
+TEST_P(task_device_test, SpawnForwardsItsTokensCancellationSlot) {
+  asio::io_context ctx;
+  auto s = dev().make_stream();
+  std::promise<void> open;
+  auto gate = open.get_future().share();
+  asio::cancellation_signal sig;
+  std::error_code seen;
+  bool handler_ran = false;
+  auto body = [&]() -> task<int> {
+    try {
+      co_await gated(s, gate);
+    } catch (const error& e) {
+      seen = e.code();
+    }
+    co_return 3;
+  };
+  spawn(ctx, body(), asio::bind_cancellation_slot(sig.slot(), [&](std::exception_ptr e, int v) {
+          EXPECT_FALSE(e);
+          EXPECT_EQ(v, 3);
+          handler_ran = true;
+        }));
+  ctx.poll();  // started, suspended on the gated op
+  EXPECT_FALSE(handler_ran);
+  sig.emit(asio::cancellation_type::terminal);
+  ctx.run();
+  EXPECT_TRUE(handler_ran);
+  EXPECT_EQ(seen, asio::error::operation_aborted);
+  open.set_value();
+  s.synchronize().wait();
+}
+
+TEST(task, CancellationReachesUseTaskOperationsOfNestedTasks) {
+  asio::io_context ctx;
+  asio::cancellation_signal sig;
+  std::error_code seen;
+  auto inner = []() -> task<void> {
+    asio::steady_timer timer(co_await this_executor(), std::chrono::hours(1));
+    co_await timer.async_wait(use_task);
+  };
+  auto outer = [&]() -> task<void> {
+    try {
+      co_await inner();
+    } catch (const std::system_error& e) {
+      seen = e.code();
+    }
+  };
+  bool done = false;
+  spawn(ctx, outer(), asio::bind_cancellation_slot(sig.slot(), [&](std::exception_ptr) { done = true; }));
+  ctx.poll();
+  EXPECT_FALSE(done);
+  sig.emit(asio::cancellation_type::terminal);
+  ctx.run();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(seen, asio::error::operation_aborted);
+}
+
+TEST_P(task_device_test, WhenAllCancelsSiblingsOnTheFirstError) {
+  auto s = dev().make_stream();
+  auto other = dev().make_stream();
+  std::promise<void> open;
+  auto gate = open.get_future().share();
+  std::error_code device_sibling, timer_sibling;
+  auto failing = [&]() -> task<void> {
+    co_await other.launch(kernels().kernel("empty"), {});
+    throw std::runtime_error("first failure");
+  };
+  auto waits_on_device = [&]() -> task<void> {
+    try {
+      co_await gated(s, gate);
+    } catch (const error& e) {
+      device_sibling = e.code();
+    }
+  };
+  auto waits_on_timer = [&]() -> task<void> {
+    asio::steady_timer timer(co_await this_executor(), std::chrono::hours(1));
+    try {
+      co_await timer.async_wait(use_task);
+    } catch (const std::system_error& e) {
+      timer_sibling = e.code();
+    }
+  };
+  EXPECT_THROW(sync_wait(when_all(waits_on_device(), failing(), waits_on_timer())), std::runtime_error);
+  EXPECT_EQ(device_sibling, asio::error::operation_aborted);
+  EXPECT_EQ(timer_sibling, asio::error::operation_aborted);
+  open.set_value();
+  s.synchronize().wait();
+}
+
+TEST(task, WhenAllForwardsTheParentsCancellation) {
+  asio::io_context ctx;
+  asio::cancellation_signal sig;
+  int aborted = 0;
+  auto sleeper = [&]() -> task<void> {
+    asio::steady_timer timer(co_await this_executor(), std::chrono::hours(1));
+    try {
+      co_await timer.async_wait(use_task);
+    } catch (const std::system_error& e) {
+      if (e.code() == asio::error::operation_aborted) ++aborted;
+    }
+  };
+  auto parent = [&]() -> task<void> {
+    std::vector<task<void>> v;
+    for (int i = 0; i < 3; ++i) v.push_back(sleeper());
+    co_await when_all(std::move(v));
+  };
+  bool done = false;
+  spawn(ctx, parent(), asio::bind_cancellation_slot(sig.slot(), [&](std::exception_ptr) { done = true; }));
+  ctx.poll();
+  sig.emit(asio::cancellation_type::terminal);
+  ctx.run();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(aborted, 3);
 }
 
 }  // namespace

@@ -24,8 +24,8 @@ asio::awaitable<void> pipeline(cora::device& dev, cora::kernel add, int rounds, 
   auto h = dev.alloc_host<float>(n);
   for (int r = 0; r < rounds; ++r) {
     std::fill(h.begin(), h.end(), static_cast<float>(r));
-    s.copy(x, h);
-    s.launch(add, {.grid = 4}, x, x, z, std::uint64_t{n});
+    (void)s.copy(x, h);
+    (void)s.launch(add, {.grid = 4}, x, x, z, std::uint64_t{n});
     co_await s.copy(h, z).async_wait(asio::use_awaitable);  // any Asio token works
     if (h[0] == 2.0f * r && h[n - 1] == 2.0f * r) ++ok;
   }
@@ -35,7 +35,7 @@ asio::awaitable<void> race(cora::device& dev, cora::kernel slow) {
   auto ex = co_await asio::this_coro::executor;
   cora::stream s = dev.make_stream();
   auto flag = dev.alloc<std::uint32_t>(1);
-  s.fill(flag, 0);
+  (void)s.fill(flag, 0);
   asio::steady_timer timer(ex, 20ms);
   const auto t0 = std::chrono::steady_clock::now();
   auto result = co_await (s.launch(slow, {}, std::uint64_t{300000}, flag).async_wait(asio::use_awaitable) ||

@@ -13,9 +13,9 @@ cora::task<double> pipeline(cora::device& dev, const cora::kernel& add, int id, 
   double checksum = 0;
   for (int r = 0; r < rounds; ++r) {
     std::iota(hx.begin(), hx.end(), static_cast<float>(id * 1000 + r));
-    s.copy(x, hx);                          // enqueued, not awaited
-    s.copy(y, hx);
-    s.launch(add, {.grid = 8}, x, y, z, std::uint64_t{n});
+    (void)s.copy(x, hx);                          // enqueued, not awaited
+    (void)s.copy(y, hx);
+    (void)s.launch(add, {.grid = 8}, x, y, z, std::uint64_t{n});
     co_await s.copy(hz, z);                 // resumes once the result is back on the host
     for (std::size_t i = 0; i < n; ++i)
       if (hz[i] != 2 * hx[i]) throw std::runtime_error("wrong result in pipeline " + std::to_string(id));

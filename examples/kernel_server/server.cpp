@@ -647,14 +647,14 @@ struct server::impl {
         }
         float* x = b.in.data();
         float* y = x + total;
-        s.copy(x, b.host_in.data(), 2 * total * sizeof(float));
+        (void)s.copy(x, b.host_in.data(), 2 * total * sizeof(float));
         const auto cfg = config_for(total);
         const auto n = static_cast<std::uint64_t>(total);
         if (first.op == proto::op::add) {
-          s.launch(k_add, cfg, x, y, b.out.data(), n);
+          (void)s.launch(k_add, cfg, x, y, b.out.data(), n);
           done = s.copy(b.host_out.data(), b.out.data(), total * sizeof(float));
         } else {
-          s.launch(k_saxpy, cfg, first.a, x, y, n, first.rounds);
+          (void)s.launch(k_saxpy, cfg, first.a, x, y, n, first.rounds);
           done = s.copy(b.host_out.data(), y, total * sizeof(float));
         }
       }

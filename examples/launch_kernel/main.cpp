@@ -31,8 +31,8 @@ cora::task<void> run(cora::device& dev, const std::string& mode, const std::stri
   auto dz = dev.alloc<cora::half>(total_length);
   std::copy(x.begin(), x.end(), hx.begin());
   std::copy(y.begin(), y.end(), hy.begin());
-  s.copy(dx, hx);
-  s.copy(dy, hy);
+  (void)s.copy(dx, hx);
+  (void)s.copy(dy, hy);
 
   cora::binary bin = co_await dev.load_binary(std::filesystem::path(binary_path));
   cora::kernel add = bin.kernel("add_custom");
@@ -47,7 +47,7 @@ cora::task<void> run(cora::device& dev, const std::string& mode, const std::stri
     *static_cast<std::int32_t*>(args.placeholder_buffer(num, sizeof(std::int32_t))) = tile_num;
   }
   args.finalize();
-  s.launch(add, {.grid = num_blocks}, args);
+  (void)s.launch(add, {.grid = num_blocks}, args);
   co_await s.copy(hz, dz);
   z.assign(hz.begin(), hz.end());
   bin.unload();

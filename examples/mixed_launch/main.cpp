@@ -19,8 +19,8 @@ cora::task<std::size_t> run(cora::device& dev) {
   }
   auto x = dev.alloc<cora::half>(n), y = dev.alloc<cora::half>(n), z = dev.alloc<cora::half>(n);
   cora::stream s = dev.make_stream();
-  s.copy(x, hx);
-  s.copy(y, hy);
+  (void)s.copy(x, hx);
+  (void)s.copy(y, hy);
   co_await mixed_kernels::add_custom(s, {.grid = 8}, x, y, z);  // typed launcher, no load call
   co_await s.copy(hz, z);
   std::size_t wrong = 0;

@@ -44,15 +44,19 @@ struct event_options {
   bool timing = true;  ///< record timestamps (needed by event::elapsed)
 };
 
-/// A device. Owned by its cora::runtime, which must outlive every use of this reference;
-/// objects created from it (buffers, streams, binaries) stay valid after that, but fail with
-/// errc::runtime_shut_down once the runtime is gone.
+/// A device. Made by its cora::runtime; runtime::device() references are valid while the
+/// runtime lives, and stream::device() references while the stream does (the device's state
+/// outlives the runtime as long as objects made from it exist). Objects created from it
+/// (buffers, streams, binaries) stay valid after the runtime is gone, but fail with
+/// errc::runtime_shut_down.
 ///
 /// @par Thread safety
 /// Safe to use from several threads.
 class device {
  public:
-  explicit device(std::shared_ptr<detail::device_state> s) noexcept : s_(std::move(s)) {}
+  /// Made by the runtime; the object lives in the device's state, so a reference obtained
+  /// from a stream (stream::device()) stays valid while the stream does.
+  explicit device(detail::device_state* s) noexcept : s_(s) {}
   device(const device&) = delete;
   device& operator=(const device&) = delete;
 
@@ -68,12 +72,12 @@ class device {
   /// errc::invalid_argument for n == 0).
   template <class T>
   device_buffer<T> alloc(std::size_t n) {
-    return device_buffer<T>(s_, static_cast<T*>(malloc(n * sizeof(T))), n);
+    return device_buffer<T>(state(), static_cast<T*>(malloc(n * sizeof(T))), n);
   }
   /// Allocates `n` elements of pinned host memory.
   template <class T>
   host_buffer<T> alloc_host(std::size_t n) {
-    return host_buffer<T>(s_, static_cast<T*>(malloc_host(n * sizeof(T))), n);
+    return host_buffer<T>(state(), static_cast<T*>(malloc_host(n * sizeof(T))), n);
   }
   /// Raw device allocation (freed with free()).
   void* malloc(std::size_t bytes);
@@ -103,14 +107,15 @@ class device {
   /// Loads a kernel binary from memory (the bytes are copied; no temporary files).
   pending<binary> load_binary(std::span<const std::byte> bytes, const load_options& options = {});
 
-  /// Completes when all work enqueued so far on every stream of this device has completed;
-  /// reports (and clears) the streams' device faults.
+  /// Returns an awaitable that completes when all work enqueued so far on every stream of this
+  /// device has completed; reports (and clears) the streams' device faults. It does not block:
+  /// `co_await` it or call `.wait()` on it.
   pending<void> synchronize();
 
-  const std::shared_ptr<detail::device_state>& state() const noexcept { return s_; }
+  std::shared_ptr<detail::device_state> state() const noexcept;
 
  private:
-  std::shared_ptr<detail::device_state> s_;
+  detail::device_state* s_;
 };
 
 }  // namespace cora

@@ -21,7 +21,8 @@ class event {
   event() noexcept = default;
   explicit event(std::shared_ptr<detail::event_state> s) noexcept : s_(std::move(s)) {}
 
-  /// Completes when the latest record's work has completed (at once if never recorded).
+  /// Returns an awaitable that completes when the latest record's work has completed (at once
+  /// if never recorded). It does not block: `co_await` it or call `.wait()` on it.
   pending<void> synchronize() const;
   /// True once the latest record's work has completed.
   bool ready() const;

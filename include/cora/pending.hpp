@@ -3,11 +3,15 @@
 
 #include <coroutine>
 #include <memory>
+#include <thread>
 #include <system_error>
 #include <type_traits>
 #include <utility>
 
+#include <asio/associated_allocator.hpp>
 #include <asio/associated_cancellation_slot.hpp>
+#include <asio/bind_allocator.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/cancellation_type.hpp>
@@ -28,6 +32,16 @@ template <class P>
 concept executor_promise = requires(const P& p) {
   { p.executor() } -> std::convertible_to<const asio::any_io_executor&>;
 };
+/// A promise whose frame belongs to a tree owned by a frame_owner (cora::task).
+template <class P>
+concept owned_promise = requires(const P& p) {
+  { p.owner() } -> std::convertible_to<frame_owner*>;
+};
+/// A promise that carries an Asio cancellation slot (cora::task).
+template <class P>
+concept cancellable_promise = requires(const P& p) {
+  { p.cancellation_slot() } -> std::convertible_to<asio::cancellation_slot>;
+};
 
 template <class T>
 T take_value(completion_source* source) {
@@ -40,15 +54,24 @@ inline asio::any_io_executor tracked(const asio::any_io_executor& ex) {
   return asio::prefer(ex, asio::execution::outstanding_work.tracked);
 }
 
-struct resume_handle {
-  std::coroutine_handle<> h;
-  void operator()() const { h.resume(); }
-};
+/// Only terminal and partial cancellation let an op stop early: stopping has side effects
+/// (data already copied).
+inline bool stoppable(asio::cancellation_type type) noexcept {
+  constexpr auto mask = asio::cancellation_type::terminal | asio::cancellation_type::partial;
+  return (type & mask) != asio::cancellation_type::none;
+}
 
+/// The awaiter of `co_await pending`. It lives in the awaiting frame and is the wait node
+/// itself (no allocation). Destroying it while suspended (the frame is destroyed) withdraws
+/// the wait; if completion is already under way on another thread, the destructor waits until
+/// the completer has let go of the node.
 template <class T>
 class pending_awaiter : private wait_node {
  public:
   explicit pending_awaiter(op_handle& op) noexcept : op_(op) {}
+  pending_awaiter(const pending_awaiter&) = delete;
+  pending_awaiter& operator=(const pending_awaiter&) = delete;
+  ~pending_awaiter() { withdraw(); }
 
   bool await_ready() noexcept { return op_.ready(this->ec); }
 
@@ -57,39 +80,83 @@ class pending_awaiter : private wait_node {
     handle_ = h;
     this->on_complete = &complete;
     if constexpr (executor_promise<P>) {
-      if (h.promise().executor()) {
-        executor_ = tracked(h.promise().executor());
-        return op_.source()->arm(*this, op_.seq(), &executor_);
-      }
+      if (h.promise().executor()) executor_ = tracked(h.promise().executor());
     }
-    return op_.source()->arm(*this, op_.seq(), nullptr);
+    if constexpr (owned_promise<P>) {
+      if (frame_owner* o = h.promise().owner()) owner_ = intrusive_ptr<frame_owner>::share(o);
+    }
+    if constexpr (cancellable_promise<P>) {
+      slot_ = h.promise().cancellation_slot();
+      if (slot_.is_connected())
+        slot_.assign([this](asio::cancellation_type t) { cancel(t); });
+      else
+        slot_ = {};
+    }
+    armed_ = true;
+    // Once arm() returns true the wait may complete on another thread and resume (and
+    // destroy) this frame: nothing here touches `this` after it.
+    if (op_.source()->arm(*this, op_.seq(), executor_ ? &executor_ : nullptr)) return true;
+    armed_ = false;
+    clear_slot();
+    return false;
   }
 
   T await_resume() {
+    clear_slot();
     op_.observe();
     if (this->ec) throw_op_error(op_, this->ec);
     if constexpr (!std::is_void_v<T>) return take_value<T>(op_.source());
   }
 
  private:
+  // Hands the resumption to the waiter's executor (or cora's handler thread when it has none).
   static void complete(wait_node& node, bool may_run_inline) noexcept {
     auto& self = static_cast<pending_awaiter&>(node);
-    std::coroutine_handle<> h = self.handle_;
-    if (!self.executor_) {  // no executor: resumed on the detecting thread, as documented
-      h.resume();
+    resume_op op(self.handle_, std::move(self.owner_));
+    asio::any_io_executor ex = std::move(self.executor_);
+    // From here on the frame may resume or be destroyed: the node is not touched again.
+    self.state.store(3, std::memory_order_release);
+    if (!ex)
+      asio::post(handler_executor(), std::move(op));
+    else if (may_run_inline)
+      asio::dispatch(ex, std::move(op));
+    else
+      asio::post(ex, std::move(op));
+  }
+
+  // Runs where the cancellation is emitted (the waiter's executor).
+  void cancel(asio::cancellation_type type) noexcept {
+    if (stoppable(type) && op_.source()->request_cancel(op_.seq())) return;
+    if (op_.source()->disarm(*this)) {
+      this->ec = asio::error::operation_aborted;
+      complete(*this, false);
+    }
+  }
+
+  void clear_slot() noexcept {
+    if (slot_.is_connected()) slot_.clear();
+    slot_ = {};
+  }
+
+  void withdraw() noexcept {
+    if (!armed_) return;
+    int s = this->state.load(std::memory_order_acquire);
+    if (s == 0 && op_.source()->disarm(*this)) {
+      // Withdrawn before completing: nothing will resume the frame being destroyed.
+      clear_slot();
       return;
     }
-    // The coroutine may resume (and destroy this awaiter) as soon as it is handed over.
-    asio::any_io_executor ex = self.executor_;
-    if (may_run_inline)
-      asio::dispatch(ex, resume_handle{h});
-    else
-      asio::post(ex, resume_handle{h});
+    // Completion is under way (possibly on another thread): wait until it let go of the node.
+    while (this->state.load(std::memory_order_acquire) != 3) std::this_thread::yield();
+    clear_slot();
   }
 
   op_handle& op_;
   std::coroutine_handle<> handle_;
   asio::any_io_executor executor_;
+  intrusive_ptr<frame_owner> owner_;
+  asio::cancellation_slot slot_;
+  bool armed_ = false;
 };
 
 // A specialization, not std::conditional_t: `void(std::error_code, void)` is ill-formed even
@@ -108,6 +175,23 @@ using wait_signature = typename wait_signature_of<T>::type;
 template <class T, class Handler>
 class wait_op : private wait_node {
  public:
+  using allocator_type = asio::associated_allocator_t<Handler, std::allocator<void>>;
+  using self_allocator =
+      typename std::allocator_traits<allocator_type>::template rebind_alloc<wait_op>;
+
+  /// Allocated with the handler's associated allocator (asio's convention).
+  static wait_op* create(Handler&& h, intrusive_ptr<completion_source> src, std::uint64_t position) {
+    self_allocator alloc(asio::get_associated_allocator(h, std::allocator<void>()));
+    wait_op* p = std::allocator_traits<self_allocator>::allocate(alloc, 1);
+    try {
+      std::allocator_traits<self_allocator>::construct(alloc, p, std::move(h), std::move(src), position);
+    } catch (...) {
+      std::allocator_traits<self_allocator>::deallocate(alloc, p, 1);
+      throw;
+    }
+    return p;
+  }
+
   wait_op(Handler&& h, intrusive_ptr<completion_source> src, std::uint64_t position)
       : handler_(std::move(h)), source_(std::move(src)), seq_(position) {
     using assoc = asio::associated_executor_t<Handler, asio::system_executor>;
@@ -131,17 +215,25 @@ class wait_op : private wait_node {
   }
 
  private:
-  // Without an executor the handler runs on the detecting (engine) thread, as documented.
+  struct deleter {
+    self_allocator alloc;
+    void operator()(wait_op* p) noexcept {
+      std::allocator_traits<self_allocator>::destroy(alloc, p);
+      std::allocator_traits<self_allocator>::deallocate(alloc, p, 1);
+    }
+  };
+  using op_ptr = std::unique_ptr<wait_op, deleter>;
+
+  // Without an executor the handler runs on cora's handler thread, never on the thread that
+  // detected the completion.
   static void complete(wait_node& node, bool may_run_inline) noexcept {
     auto& self = static_cast<wait_op&>(node);
-    self.finish(may_run_inline || !self.executor_);
+    self.finish(may_run_inline);
   }
 
   void cancel(asio::cancellation_type type) noexcept {
-    // An op that can stop (a file read) completes by itself, with a defined end state. Only
-    // terminal and partial cancellation allow that: it has side effects (data already copied).
-    constexpr auto stoppable = asio::cancellation_type::terminal | asio::cancellation_type::partial;
-    if ((type & stoppable) != asio::cancellation_type::none && source_->request_cancel(seq_)) return;
+    // An op that can stop (a file read) completes by itself, with a defined end state.
+    if (stoppable(type) && source_->request_cancel(seq_)) return;
     if (source_->disarm(*this)) {
       this->ec = asio::error::operation_aborted;
       finish(false);
@@ -154,18 +246,18 @@ class wait_op : private wait_node {
   // there, never concurrently with an emit.
   void finish(bool may_run_inline) noexcept {
     asio::any_io_executor ex = std::move(executor_);
-    auto call = [op = std::unique_ptr<wait_op>(this)]() mutable { deliver(std::move(op)); };
-    if (!ex && !may_run_inline)
-      asio::post(asio::system_executor(), std::move(call));  // never inside the initiation
-    else if (!ex)
-      call();
+    auto alloc = asio::get_associated_allocator(handler_, std::allocator<void>());
+    auto call = asio::bind_allocator(
+        alloc, [op = op_ptr(this, deleter{self_allocator(alloc)})]() mutable { deliver(std::move(op)); });
+    if (!ex)
+      asio::post(handler_executor(), std::move(call));
     else if (may_run_inline)
       asio::dispatch(ex, std::move(call));
     else
       asio::post(ex, std::move(call));
   }
 
-  static void deliver(std::unique_ptr<wait_op> op) {
+  static void deliver(op_ptr op) {
     if (op->slot_assigned_) op->slot_.clear();
     Handler h = std::move(op->handler_);
     const std::error_code ec = op->ec;
@@ -194,13 +286,19 @@ struct initiate_wait {
   template <class Handler>
   void operator()(Handler&& handler, intrusive_ptr<completion_source> src,
                   std::uint64_t position) const {
-    auto* op = new wait_op<T, std::decay_t<Handler>>(std::forward<Handler>(handler),
-                                                     std::move(src), position);
-    op->start();
+    using op_t = wait_op<T, std::decay_t<Handler>>;
+    std::decay_t<Handler> h(std::forward<Handler>(handler));
+    op_t::create(std::move(h), std::move(src), position)->start();
   }
 };
 
 }  // namespace detail
+
+/// The executor on which waits without an executor of their own complete: a thread owned by
+/// cora that runs only such completions. Blocking there (a wait() inside a callback) works but
+/// delays the other executor-less completions; bind an executor with `asio::bind_executor`
+/// to choose where a handler runs.
+inline asio::any_io_executor handler_executor() noexcept { return detail::handler_executor(); }
 
 /// The completion of one operation: a copy, fill, launch, record, load or synchronize.
 ///
@@ -208,11 +306,17 @@ struct initiate_wait {
 /// enqueued in stream order). The handle only observes its completion:
 /// - `co_await` suspends until the operation has completed on the device and returns its value
 ///   or throws cora::error. In a cora::task the coroutine resumes on the task's executor; in
-///   any other coroutine it resumes on the engine thread that detected completion.
+///   a coroutine without an executor it resumes on cora's handler thread (see
+///   cora::handler_executor), never on the thread that detected the completion. The wait lives
+///   in the awaiting frame: destroying the frame while it is suspended withdraws the wait. A
+///   cora::task's cancellation slot (see cora::spawn) completes the wait at once with
+///   `asio::error::operation_aborted`.
 /// - `async_wait(token)` accepts any Asio completion token (callbacks, `asio::use_awaitable`,
 ///   `asio::use_future`, `asio::experimental::deferred`, `asio::experimental::as_tuple`...),
 ///   with the signature `void(std::error_code)` or `void(std::error_code, T)`. The handler runs
-///   on its associated executor (on the engine thread if it has none). An Asio cancellation
+///   on its associated executor (on cora's handler thread if it has none; bind an executor of
+///   your choice with `asio::bind_executor`), and its memory comes from the handler's
+///   associated allocator. An Asio cancellation
 ///   signal completes the wait at once with `asio::error::operation_aborted`; the device work
 ///   runs on, and everything it uses stays alive until it finishes. Ops that can stop early
 ///   (stream::read_file) stop instead on terminal or partial cancellation, and the wait
@@ -225,7 +329,7 @@ struct initiate_wait {
 /// @par Thread safety
 /// Distinct objects: safe. Shared objects: unsafe.
 template <class T = void>
-class pending {
+class [[nodiscard("a pending is the op's completion: await it, wait() on it, or drop it with (void)")]] pending {
  public:
   using value_type = T;
 

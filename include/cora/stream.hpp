@@ -139,9 +139,13 @@ class stream {
   /// Later work on this stream waits until `ev`'s recorded work has completed.
   pending<void> wait(const event& ev);
   /// Runs `fn` on a device thread once earlier work has completed; later work waits for it.
+  /// `fn` must not wait for its own stream: such a wait (or its device's synchronize().wait())
+  /// fails at once with std::errc::resource_deadlock_would_occur.
   pending<void> host_func(std::function<void()> fn);
-  /// Completes when everything enqueued so far has completed, and reports (then clears) a
-  /// device fault of this stream.
+  /// Returns an awaitable that completes when everything enqueued so far has completed, and
+  /// reports (then clears) a device fault of this stream. It does not block: `co_await` it or
+  /// call `.wait()` on it (a bare `s.synchronize();` waits for nothing and does not compile
+  /// cleanly: pending is [[nodiscard]]).
   pending<void> synchronize();
 
   // --- files ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <asio/any_io_executor.hpp>
+#include <asio/cancellation_signal.hpp>
 
 namespace cora {
 
@@ -16,11 +17,33 @@ class task;
 
 namespace detail {
 
+class frame_owner;
+
 class task_promise_base {
  public:
   /// The executor this task runs on: the one given to spawn(), or its awaiter's.
   const asio::any_io_executor& executor() const noexcept { return executor_; }
   void set_executor(const asio::any_io_executor& ex) { executor_ = ex; }
+  /// The owner of the frame tree this task belongs to (spawn, sync_wait), or null.
+  frame_owner* owner() const noexcept { return owner_; }
+  /// Where a cancellation of this task is signalled: inherited from its awaiter, or from the
+  /// completion token given to cora::spawn. Ops the task awaits attach to it.
+  asio::cancellation_slot cancellation_slot() const noexcept { return slot_; }
+  /// Adopts what an awaiting frame passes down: executor, owner, cancellation slot.
+  template <class P>
+  void inherit(const P& parent) {
+    if constexpr (requires { parent.executor(); }) {
+      if (!executor_) executor_ = parent.executor();
+    }
+    if constexpr (requires { parent.owner(); }) {
+      if (!owner_) owner_ = parent.owner();
+    }
+    if constexpr (requires { parent.cancellation_slot(); }) {
+      if (!slot_.is_connected()) slot_ = parent.cancellation_slot();
+    }
+  }
+  void set_owner(frame_owner* o) noexcept { owner_ = o; }
+  void set_cancellation_slot(asio::cancellation_slot s) noexcept { slot_ = s; }
 
   std::suspend_always initial_suspend() const noexcept { return {}; }
 
@@ -40,6 +63,8 @@ class task_promise_base {
   std::coroutine_handle<> continuation_;
   std::exception_ptr exception_;
   asio::any_io_executor executor_;
+  frame_owner* owner_ = nullptr;
+  asio::cancellation_slot slot_;
 };
 
 template <class T>
@@ -76,9 +101,7 @@ struct task_awaiter {
   template <class P>
   std::coroutine_handle<> await_suspend(std::coroutine_handle<P> parent) noexcept {
     h.promise().continuation_ = parent;
-    if constexpr (requires { parent.promise().executor(); }) {
-      if (!h.promise().executor()) h.promise().set_executor(parent.promise().executor());
-    }
+    h.promise().inherit(parent.promise());
     return h;
   }
   T await_resume() { return h.promise().result(); }
@@ -93,6 +116,17 @@ struct task_awaiter {
 /// executor; when it finishes, the awaiter resumes on the same thread. Exceptions propagate to
 /// the awaiter. Inside a task, `co_await` on a cora::pending resumes on the task's executor, and
 /// Asio operations are awaited with the cora::use_task token.
+///
+/// Ownership: a task owns its frame, and a frame owns the tasks it awaits. A task started by
+/// cora::spawn or cora::sync_wait belongs to a frame tree whose root is destroyed if a
+/// resumption of the tree is dropped unrun (its io_context was destroyed while the task was
+/// suspended), so frames, streams and buffers held by a task are never leaked. Destroying a
+/// frame suspended on a cora::pending withdraws the wait.
+///
+/// Cancellation: a task carries an Asio cancellation slot, inherited by the tasks it awaits.
+/// An emitted cancellation completes the cora::pending or use_task operation being awaited
+/// with asio::error::operation_aborted (the device work runs on). cora::spawn connects it to
+/// its completion token's slot, and when_all uses it to stop siblings after a failure.
 template <class T>
 class [[nodiscard]] task {
  public:

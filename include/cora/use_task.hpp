@@ -11,8 +11,11 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/recycling_allocator.hpp>
 
+#include "cora/detail/wait.hpp"
 #include "cora/task.hpp"
 
 namespace cora {
@@ -24,7 +27,8 @@ struct use_task_t {};
 /// started when awaited, its handler runs on the task's executor and resumes the task. A
 /// leading error_code or exception_ptr in the signature is thrown; the remaining arguments are
 /// returned (nothing, one value, or a tuple). Combine with `asio::experimental::as_tuple` to
-/// get the error as a value.
+/// get the error as a value. The handler carries the task's cancellation slot (a cancelled
+/// task cancels the operation it awaits, as asio::awaitable does) and a recycling allocator.
 inline constexpr use_task_t use_task{};
 
 namespace detail {
@@ -46,7 +50,11 @@ class use_task_awaitable {
   void await_suspend(std::coroutine_handle<P> h) {
     handle_ = h;
     if constexpr (requires { h.promise().executor(); }) executor_ = h.promise().executor();
-    std::apply([&](auto&&... a) { std::move(init_)(handler{this}, std::move(a)...); },
+    if constexpr (requires { h.promise().cancellation_slot(); }) slot_ = h.promise().cancellation_slot();
+    intrusive_ptr<frame_owner> owner;
+    if constexpr (requires { h.promise().owner(); })
+      owner = intrusive_ptr<frame_owner>::share(h.promise().owner());
+    std::apply([&](auto&&... a) { std::move(init_)(handler(this, std::move(owner)), std::move(a)...); },
                std::move(args_));
   }
 
@@ -64,14 +72,39 @@ class use_task_awaitable {
     }
   }
 
-  struct handler {
+  /// The operation's handler: it carries the task's executor, cancellation slot and an
+  /// allocator that recycles memory per thread. Destroyed without being called (the
+  /// executor's context was destroyed), it destroys the task's frame tree, as an
+  /// asio::awaitable's handler does.
+  class handler {
+   public:
     using executor_type = asio::any_io_executor;
-    executor_type get_executor() const noexcept { return self->executor_; }
+    using cancellation_slot_type = asio::cancellation_slot;
+    using allocator_type = asio::recycling_allocator<void>;
+
+    handler(use_task_awaitable* self, intrusive_ptr<frame_owner> owner) noexcept
+        : self_(self), owner_(std::move(owner)) {}
+    handler(handler&& o) noexcept : self_(std::exchange(o.self_, nullptr)), owner_(std::move(o.owner_)) {}
+    handler& operator=(handler&&) = delete;
+    ~handler() {
+      if (self_ && owner_) owner_->destroy_root();
+    }
+
+    executor_type get_executor() const noexcept { return self_->executor_; }
+    cancellation_slot_type get_cancellation_slot() const noexcept { return self_->slot_; }
+    allocator_type get_allocator() const noexcept { return {}; }
+
     void operator()(Args... a) {
+      use_task_awaitable* self = std::exchange(self_, nullptr);
+      if (owner_ && owner_->gone()) return;  // the frame tree is gone
+      owner_.reset();
       self->result_.emplace(std::forward<Args>(a)...);
       self->handle_.resume();
     }
-    use_task_awaitable* self;
+
+   private:
+    use_task_awaitable* self_;
+    intrusive_ptr<frame_owner> owner_;
   };
 
  private:
@@ -93,6 +126,7 @@ class use_task_awaitable {
   InitArgs args_;
   std::coroutine_handle<> handle_;
   asio::any_io_executor executor_;
+  asio::cancellation_slot slot_;
   std::optional<std::tuple<std::decay_t<Args>...>> result_;
 };
 

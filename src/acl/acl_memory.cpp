@@ -58,7 +58,7 @@ aclError aclrtFree(void* devPtr) {
     // Free it on the device that owns it, whichever device the thread has set.
     cora::device* owner = &rt->device(0);
     const auto r = classify(*owner, devPtr, 1);
-    if (r.k == cora::detail::memory_region::kind::device && r.device) owner = r.device->handle;
+    if (r.k == cora::detail::memory_region::kind::device && r.device) owner = &r.device->handle;
     std::error_code ec;
     owner->free(devPtr, ec);
     if (ec) return fail(ec, api, cora::last_error_message());

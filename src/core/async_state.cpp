@@ -6,27 +6,35 @@
 namespace cora::detail {
 
 void async_state_base::complete(std::error_code ec, std::string message) {
-  wait_node* list;
+  // The list is taken apart under the lock, where disarm() unlinks: a node withdrawn by a
+  // concurrent cancellation is never touched here after its owner may have freed it.
+  wait_node* fired = nullptr;
   {
     std::lock_guard lock(mutex_);
     if (done_.load(std::memory_order_relaxed)) return;
     ec_ = ec;
     message_ = std::move(message);
     done_.store(true, std::memory_order_release);
-    list = std::exchange(waiters_, nullptr);
-  }
-  std::vector<wait_node*> fired;
-  for (wait_node* n = list; n;) {
-    wait_node* next = n->next;
-    int expected = 0;
-    if (n->state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    wait_node** tail = &fired;
+    for (wait_node* n = std::exchange(waiters_, nullptr); n;) {
+      wait_node* next = n->next;
+      n->prev = n->next = nullptr;
       n->linked = false;
-      n->ec = ec;
-      fired.push_back(n);
+      int expected = 0;
+      if (n->state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+        n->ec = ec;
+        *tail = n;  // ours now: its links form the list of nodes to fire
+        tail = &n->next;
+      }
+      n = next;
     }
-    n = next;
   }
-  fire(fired, false);
+  while (fired) {
+    wait_node* n = fired;
+    fired = n->next;
+    n->next = nullptr;
+    n->on_complete(*n, false);
+  }
 }
 
 bool async_state_base::ready(std::uint64_t, std::error_code& ec) noexcept {
@@ -53,9 +61,9 @@ bool async_state_base::arm(wait_node& node, std::uint64_t, const asio::any_io_ex
 }
 
 bool async_state_base::disarm(wait_node& node) noexcept {
+  std::lock_guard lock(mutex_);
   int expected = 0;
   if (!node.state.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) return false;
-  std::lock_guard lock(mutex_);
   if (node.linked) {
     if (node.prev)
       node.prev->next = node.next;

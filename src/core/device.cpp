@@ -66,6 +66,8 @@ struct multi_wait {
 }  // namespace
 }  // namespace detail
 
+std::shared_ptr<detail::device_state> device::state() const noexcept { return s_->shared_from_this(); }
+
 const device_properties& device::properties() const noexcept { return s_->properties; }
 
 std::size_t device::index() const noexcept { return s_->index; }
@@ -126,7 +128,7 @@ void* device::malloc_host(std::size_t bytes, std::error_code& ec) {
     detail::set_error(ec, ec, "cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory");
     return nullptr;
   }
-  s_->runtime->add_pinned(p, bytes, s_.get());
+  s_->runtime->add_pinned(p, bytes, s_);
   return p;
 }
 
@@ -165,7 +167,7 @@ cora::stream device::make_stream(const stream_options& options) {
   auto bs = s_->backend->create_stream(options.priority, wakeup, ec);
   if (ec) throw error(ec, "cannot create a stream on " + s_->properties.name);
   return cora::stream(detail::intrusive_ptr<detail::completion_source>(
-      detail::make_intrusive<detail::stream_state>(s_, std::move(bs))));
+      detail::make_intrusive<detail::stream_state>(state(), std::move(bs))));
 }
 
 cora::event device::make_event(const event_options& options) {
@@ -175,7 +177,7 @@ cora::event device::make_event(const event_options& options) {
   auto be = s_->backend->create_event(options.timing, ec);
   if (ec) throw error(ec, "cannot create an event on " + s_->properties.name);
   auto st = std::make_shared<detail::event_state>();
-  st->device = s_;
+  st->device = state();
   st->backend = std::move(be);
   st->timing = options.timing;
   return cora::event(std::move(st));
@@ -217,7 +219,7 @@ pending<binary> device::load_binary(std::span<const std::byte> bytes, const load
     st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
     return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
   }
-  return finish_load(s_, std::move(st), std::vector<std::byte>(bytes.begin(), bytes.end()), options);
+  return finish_load(state(), std::move(st), std::vector<std::byte>(bytes.begin(), bytes.end()), options);
 }
 
 pending<binary> device::load_binary(const std::filesystem::path& path, const load_options& options) {
@@ -228,7 +230,7 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
   }
   // The read goes through the I/O queue; its callback runs on the queue's thread, so the
   // load (a driver call that may take long) is handed to the host pool.
-  detail::read_whole_file(path, [dev = s_, st, options, path](std::error_code ec, std::string message,
+  detail::read_whole_file(path, [dev = state(), st, options, path](std::error_code ec, std::string message,
                                                                std::vector<std::byte> bytes) mutable {
     if (ec) {
       st->complete(ec, std::move(message));
@@ -255,6 +257,13 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
 }
 
 pending<void> device::synchronize() {
+  if (const auto* h = detail::host_func_scope::current(); h && h->device == s_) {
+    return pending<void>(detail::failed_op(
+        std::make_error_code(std::errc::resource_deadlock_would_occur),
+        "device.synchronize() in a host function of one of the device's streams would wait for "
+        "that host function itself",
+        nullptr));
+  }
   auto streams = s_->streams();
   auto st = detail::make_intrusive<detail::async_state<void>>();
   detail::op_handle result(detail::intrusive_ptr<detail::completion_source>::share(st.get()), 0);

@@ -65,7 +65,7 @@ device_state::~device_state() {
     auto& d = runtime->devices;
     d.erase(std::remove(d.begin(), d.end(), this), d.end());
   }
-  shutdown(std::chrono::seconds(10));
+  shutdown();
 }
 
 void device_state::add_allocation(void* p, std::size_t size) {
@@ -161,12 +161,12 @@ std::vector<intrusive_ptr<stream_state>> device_state::streams() {
   return out;
 }
 
-void device_state::shutdown(std::chrono::milliseconds timeout) noexcept {
+void device_state::shutdown() noexcept {
   if (shut_down.exchange(true)) return;
+  // Every armed wait completes now with operation_aborted, delivered to its own executor (or
+  // cora's handler thread), never inline on the thread that destroys the runtime.
   auto streams = this->streams();
   for (auto& s : streams) s->abort_waits(asio::error::operation_aborted);
-  const auto deadline = clock::now() + timeout;
-  for (auto& s : streams) s->drain(deadline);
   streams.clear();
   std::vector<std::function<void()>> hooks;
   {
@@ -174,6 +174,10 @@ void device_state::shutdown(std::chrono::milliseconds timeout) noexcept {
     hooks.swap(shutdown_hooks_);
   }
   for (auto& h : hooks) h();
+  // The backend stops its own threads. Work it can stop (the CPU device's kernels and queued
+  // ops) completes with runtime_shut_down; work it cannot (GPU kernels) runs on, and what it
+  // uses stays alive with the streams, which the engine thread releases once they are idle.
+  // Nothing here waits for the device.
   backend->shutdown();
 }
 

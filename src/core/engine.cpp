@@ -7,6 +7,7 @@
 
 #include <asio/error.hpp>
 #include <asio/execution/context.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/strand.hpp>
@@ -46,6 +47,33 @@ int eagerness(completion_policy p) {
 
 }  // namespace
 
+asio::any_io_executor handler_executor() noexcept {
+  // One thread that runs only completions of waits without an executor. It is not the engine
+  // thread: a handler that blocks there (a wait(), a sync_wait) delays no detection. Never
+  // destroyed: waits may still be armed while the process exits.
+  struct handler_thread {
+    asio::io_context ctx{1};
+    asio::executor_work_guard<asio::io_context::executor_type> work{ctx.get_executor()};
+    std::thread thread{[this] {
+      ::prctl(PR_SET_NAME, "cora-handlers", 0, 0, 0);
+      for (;;) {
+        try {
+          ctx.run();
+          return;
+        } catch (...) {
+          // A handler threw: asio propagates it out of run(); the thread keeps serving.
+        }
+      }
+    }};
+  };
+  static handler_thread* t = [] {
+    auto* h = new handler_thread;
+    h->thread.detach();
+    return h;
+  }();
+  return t->ctx.get_executor();
+}
+
 void fire(std::vector<wait_node*>& nodes, bool inline_last) noexcept {
   const std::size_t n = nodes.size();
   for (std::size_t i = 0; i < n; ++i) {
@@ -60,11 +88,17 @@ void fire(std::vector<wait_node*>& nodes, bool inline_last) noexcept {
 
 void poll_group::begin_wait(stream_state* s) {
   std::lock_guard lock(mutex_);
+  // Entries stay when their count drops to 0 (holding no reference), so that a steady
+  // arm/complete cycle on a stream allocates nothing; stale ones are pruned when they pile up.
   auto it = streams_.find(s);
-  if (it == streams_.end())
-    streams_.emplace(s, std::make_pair(intrusive_ptr<stream_state>::share(s), std::size_t{1}));
-  else
-    ++it->second.second;
+  if (it == streams_.end()) {
+    if (streams_.size() >= 64 && streams_.size() >= 4 * live_) prune_locked();
+    it = streams_.emplace(s, std::make_pair(intrusive_ptr<stream_state>(), std::size_t{0})).first;
+  }
+  if (it->second.second++ == 0) {
+    it->second.first = intrusive_ptr<stream_state>::share(s);
+    ++live_;
+  }
   pending_.fetch_add(1, std::memory_order_acq_rel);
 }
 
@@ -73,12 +107,21 @@ void poll_group::end_wait(stream_state* s) noexcept {
   {
     std::lock_guard lock(mutex_);
     auto it = streams_.find(s);
-    if (it == streams_.end()) return;
+    if (it == streams_.end() || it->second.second == 0) return;
     if (--it->second.second == 0) {
       last = std::move(it->second.first);
-      streams_.erase(it);
+      --live_;
     }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void poll_group::prune_locked() noexcept {
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    if (it->second.second == 0)
+      it = streams_.erase(it);
+    else
+      ++it;
   }
 }
 
@@ -87,7 +130,8 @@ bool poll_group::poll_once(std::vector<wait_node*>& fired) {
   snapshot.clear();
   {
     std::lock_guard lock(mutex_);
-    for (auto& [p, entry] : streams_) snapshot.push_back(entry.first);
+    for (auto& [p, entry] : streams_)
+      if (entry.first) snapshot.push_back(entry.first);
   }
   bool progress = false;
   const std::size_t before = fired.size();
@@ -101,13 +145,17 @@ bool poll_group::poll_once(std::vector<wait_node*>& fired) {
 }
 
 clock::time_point poll_group::next_expected(clock::time_point) {
-  std::vector<intrusive_ptr<stream_state>> snapshot;
+  // Reused per thread: a spinning poll step asks this on every step.
+  thread_local std::vector<intrusive_ptr<stream_state>> snapshot;
+  snapshot.clear();
   {
     std::lock_guard lock(mutex_);
-    for (auto& [p, entry] : streams_) snapshot.push_back(entry.first);
+    for (auto& [p, entry] : streams_)
+      if (entry.first) snapshot.push_back(entry.first);
   }
   auto next = clock::time_point::max();
   for (auto& s : snapshot) next = std::min(next, s->expected_ready());
+  snapshot.clear();
   return next;
 }
 
@@ -115,21 +163,23 @@ completion_policy poll_group::policy() {
   std::lock_guard lock(mutex_);
   completion_policy p = completion_policy::blocking;
   for (auto& [s, entry] : streams_)
-    if (eagerness(s->policy) > eagerness(p)) p = s->policy;
+    if (entry.first && eagerness(s->policy) > eagerness(p)) p = s->policy;
   return p;
 }
 
 intrusive_ptr<stream_state> poll_group::any_stream() {
   std::lock_guard lock(mutex_);
-  if (streams_.empty()) return {};
-  return streams_.begin()->second.first;
+  for (auto& [s, entry] : streams_)
+    if (entry.first) return entry.first;
+  return {};
 }
 
 void poll_group::abort_all(std::error_code ec) noexcept {
   std::vector<intrusive_ptr<stream_state>> snapshot;
   {
     std::lock_guard lock(mutex_);
-    for (auto& [p, entry] : streams_) snapshot.push_back(entry.first);
+    for (auto& [p, entry] : streams_)
+      if (entry.first) snapshot.push_back(entry.first);
   }
   for (auto& s : snapshot) s->abort_waits(ec, this);
 }
@@ -235,7 +285,8 @@ void executor_group::poll_step() {
       std::chrono::microseconds spin_limit{0};
       {
         std::lock_guard glock(mutex_);
-        for (auto& [s, entry] : streams_) spin_limit = std::max(spin_limit, s->spin_limit);
+        for (auto& [s, entry] : streams_)
+          if (entry.first) spin_limit = std::max(spin_limit, s->spin_limit);
       }
       if (p == completion_policy::spin) {
         repost = true;

@@ -55,7 +55,11 @@ class poll_group {
 
  protected:
   std::mutex mutex_;
+  void prune_locked() noexcept;
+  // Watched streams: a reference and a count of waits; entries whose count is 0 hold no
+  // reference and are kept for reuse (pruned when they pile up).
   std::unordered_map<stream_state*, std::pair<intrusive_ptr<stream_state>, std::size_t>> streams_;
+  std::size_t live_ = 0;
   std::atomic<std::size_t> pending_{0};
 };
 

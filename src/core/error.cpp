@@ -65,6 +65,10 @@ void throw_if(const std::error_code& ec) {
 }
 
 void throw_op_error(const op_handle& op, std::error_code ec) {
+  // A wait refused before it began (a host function waiting for its own stream) carries its
+  // reason in the thread's last error message, not in the op's source.
+  if (ec == std::errc::resource_deadlock_would_occur && dynamic_cast<const stream_state*>(op.source()))
+    throw error(ec, last_error_message());
   std::string detail = op.source() ? op.source()->message(op.seq()) : std::string();
   if (detail.empty()) throw error(ec);
   throw error(ec, detail);

@@ -77,7 +77,7 @@ const char* to_string(completion_policy p) noexcept {
 
 struct runtime::impl {
   std::shared_ptr<detail::runtime_core> core;
-  std::vector<std::unique_ptr<cora::device>> devices;
+  std::vector<std::shared_ptr<detail::device_state>> devices;
   std::vector<backend_status> statuses;
   std::size_t default_index = 0;
 };
@@ -113,8 +113,7 @@ runtime::runtime(runtime_options options) : impl_(std::make_unique<impl>()) {
   }
   for (std::size_t i = 0; i < found.size(); ++i) {
     auto st = std::make_shared<detail::device_state>(impl_->core, std::move(found[i]), i);
-    impl_->devices.push_back(std::make_unique<cora::device>(st));
-    st->handle = impl_->devices.back().get();
+    impl_->devices.push_back(std::move(st));
   }
   const std::size_t def = options.default_device.value_or(0);
   if (def >= impl_->devices.size())
@@ -124,7 +123,8 @@ runtime::runtime(runtime_options options) : impl_(std::make_unique<impl>()) {
 }
 
 runtime::~runtime() {
-  for (auto& d : impl_->devices) d->state()->shutdown(std::chrono::seconds(10));
+  // Does not wait for device work (objects made from the runtime keep what it uses alive).
+  for (auto& d : impl_->devices) d->shutdown();
 }
 
 std::size_t runtime::device_count() const noexcept { return impl_->devices.size(); }
@@ -133,10 +133,10 @@ cora::device& runtime::device(std::size_t i) {
   if (i >= impl_->devices.size())
     throw error(errc::no_device, "device " + std::to_string(i) + " does not exist (" +
                                      std::to_string(impl_->devices.size()) + " devices)");
-  return *impl_->devices[i];
+  return impl_->devices[i]->handle;
 }
 
-cora::device& runtime::default_device() { return *impl_->devices[impl_->default_index]; }
+cora::device& runtime::default_device() { return impl_->devices[impl_->default_index]->handle; }
 
 const runtime_options& runtime::options() const noexcept { return impl_->core->options; }
 

@@ -72,7 +72,9 @@ class device_state : public std::enable_shared_from_this<device_state> {
   std::unique_ptr<backend::device> backend;
   device_properties properties;
   std::size_t index;
-  cora::device* handle = nullptr;  // the runtime's public object for this device
+  /// The public object for this device. It lives here, not in the runtime, so that
+  /// stream::device() stays valid after the runtime is destroyed.
+  cora::device handle{this};
   std::atomic<bool> shut_down{false};
 
   // Allocation table: device memory of this device.
@@ -91,11 +93,11 @@ class device_state : public std::enable_shared_from_this<device_state> {
   void remove_stream(stream_state* s);
   std::vector<intrusive_ptr<stream_state>> streams();
 
-  /// Fails every wait, lets the device finish its work (up to `timeout`), runs the shutdown
-  /// hooks, stops the backend.
-  void shutdown(std::chrono::milliseconds timeout) noexcept;
-  /// Runs `fn` at shutdown, once the streams have drained and before the backend stops: for
-  /// facilities that keep per-device resources (io's cache of staging buffers).
+  /// Fails every wait, runs the shutdown hooks, stops the backend. Never waits for the device:
+  /// work that cannot be stopped runs on, kept alive by its streams.
+  void shutdown() noexcept;
+  /// Runs `fn` at shutdown, before the backend stops: for facilities that keep per-device
+  /// resources they do not lend to in-flight work (io's cache of free staging buffers).
   void on_shutdown(std::function<void()> fn);
 
  private:
@@ -131,6 +133,41 @@ class staging_arena {
     std::uint64_t last_seq = 0;
   };
   std::deque<chunk> chunks_;
+};
+
+/// A FIFO in a ring buffer: unlike std::deque, a steady push/pop cycle allocates nothing.
+template <class T>
+class fifo_ring {
+ public:
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return size_; }
+  T& front() noexcept { return buf_[head_]; }
+  T& back() noexcept { return buf_[(head_ + size_ - 1) & (buf_.size() - 1)]; }
+  void push_back(T v) {
+    if (size_ == buf_.size()) grow();
+    buf_[(head_ + size_) & (buf_.size() - 1)] = std::move(v);
+    ++size_;
+  }
+  void pop_front() noexcept {
+    head_ = (head_ + 1) & (buf_.size() - 1);
+    --size_;
+  }
+  void clear() noexcept { head_ = size_ = 0; }
+  template <class F>
+  void for_each(F&& f) {
+    for (std::size_t i = 0; i < size_; ++i) f(buf_[(head_ + i) & (buf_.size() - 1)]);
+  }
+
+ private:
+  void grow() {
+    std::vector<T> next(buf_.empty() ? 8 : buf_.size() * 2);
+    for (std::size_t i = 0; i < size_; ++i) next[i] = std::move(buf_[(head_ + i) & (buf_.size() - 1)]);
+    buf_.swap(next);
+    head_ = 0;
+  }
+  std::vector<T> buf_;  // size: 0 or a power of two
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
 };
 
 class stream_state final : public completion_source {
@@ -176,6 +213,8 @@ class stream_state final : public completion_source {
   std::string message(std::uint64_t seq) const override;
   void dropped(std::uint64_t seq, bool observed) noexcept override;
 
+  /// Advances the completed position past completed markers without firing any waiter.
+  bool advance();
   /// Polls the oldest marker; appends the nodes that completed to `fired` (state set, unlinked;
   /// their groups not yet uncounted). Returns true on progress.
   bool poll(std::vector<wait_node*>& fired);
@@ -208,7 +247,7 @@ class stream_state final : public completion_source {
   std::uint64_t last_seq_ = 0;
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> tail_watch_{0};
-  std::deque<marker_rec> markers_;
+  fifo_ring<marker_rec> markers_;
   wait_node* head_ = nullptr;
   wait_node* tail_ = nullptr;
   std::atomic<std::uint64_t> error_seq_{~std::uint64_t{0}};
@@ -221,6 +260,25 @@ class stream_state final : public completion_source {
   clock::time_point last_done_{};
   clock::time_point last_pending_query_{};
   double ewma_ns_ = 0;
+};
+
+/// Marks the calling thread as running a host function of `stream` (stream::host_func), so
+/// that a wait on its own stream (which cannot complete before the function returns) fails at
+/// once instead of deadlocking.
+class host_func_scope {
+ public:
+  explicit host_func_scope(const stream_state* s) noexcept;
+  ~host_func_scope();
+  host_func_scope(const host_func_scope&) = delete;
+  host_func_scope& operator=(const host_func_scope&) = delete;
+  /// The innermost host function running on this thread, or null.
+  static const host_func_scope* current() noexcept;
+
+  const stream_state* stream;
+  const device_state* device;
+
+ private:
+  host_func_scope* outer_;
 };
 
 template <class Submit>

@@ -84,7 +84,7 @@ stream::~stream() {
 
 cora::device& stream::device() const {
   if (!s_) throw error(errc::invalid_handle, "empty stream handle");
-  return *st()->device->handle;
+  return st()->device->handle;
 }
 
 bool stream::idle() const { return !s_ || st()->query_idle(); }
@@ -376,8 +376,13 @@ pending<void> stream::wait(const event& ev) {
 pending<void> stream::host_func(std::function<void()> fn) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (!fn) return fail(errc::invalid_argument, "empty host function", st());
+  // The stream outlives the call: a stream with work in flight is kept until it is idle.
+  auto run = [fn = std::move(fn), s = st()]() {
+    detail::host_func_scope scope(s);
+    fn();
+  };
   return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code& e, std::string& m) {
-    st()->backend->host_func(seq, std::move(fn), e);
+    st()->backend->host_func(seq, std::move(run), e);
     if (e) m = "the device cannot run host functions";
   }));
 }

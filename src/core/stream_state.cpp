@@ -10,6 +10,29 @@ namespace {
 constexpr std::size_t keepalive_trim = 256;
 }
 
+namespace {
+// What finished ops kept alive, released outside the stream's lock. Reused per thread so that
+// a steady poll allocates nothing; a release may run code that polls again (a nested use gets
+// a fresh vector).
+struct drop_list {
+  std::vector<std::shared_ptr<const void>>& get() {
+    static thread_local std::vector<std::shared_ptr<const void>> cached;
+    static thread_local bool in_use = false;
+    if (in_use) return own;
+    in_use = true;
+    taken = &in_use;
+    return cached;
+  }
+  ~drop_list() {
+    if (taken) *taken = false;
+  }
+  std::vector<std::shared_ptr<const void>> own;
+  bool* taken = nullptr;
+};
+
+void release_all(std::vector<std::shared_ptr<const void>>& drop) noexcept { drop.clear(); }
+}  // namespace
+
 stream_state::stream_state(std::shared_ptr<device_state> dev, std::unique_ptr<backend::stream> bs)
     : device(std::move(dev)),
       backend(std::move(bs)),
@@ -23,7 +46,7 @@ stream_state::~stream_state() {
   // drained by the engine). Wait anyway before destroying the backend stream.
   drain(clock::now() + std::chrono::seconds(30));
   std::lock_guard lock(mutex_);
-  for (auto& m : markers_) backend->release_marker(m.m);
+  markers_.for_each([&](marker_rec& m) { backend->release_marker(m.m); });
   markers_.clear();
   arena_.release(*device);
   device->remove_stream(this);
@@ -257,14 +280,17 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired,
   return progress || fired.size() > fired_before;
 }
 
+
 bool stream_state::poll(std::vector<wait_node*>& fired) {
-  std::vector<std::shared_ptr<const void>> drop;
+  drop_list list;
+  auto& drop = list.get();
   bool progress;
   {
     std::lock_guard lock(mutex_);
     progress = poll_locked(fired, drop);
   }
-  return progress;  // `drop` releases finished ops' resources here, outside the lock
+  release_all(drop);  // finished ops' resources go here, outside the lock
+  return progress;
 }
 
 clock::time_point stream_state::expected_ready() {
@@ -286,39 +312,54 @@ void stream_state::block_on_front(clock::time_point deadline) {
   backend->wait_marker(m, deadline);
 }
 
+
+namespace {
+thread_local host_func_scope* current_host_func = nullptr;
+}
+
+host_func_scope::host_func_scope(const stream_state* s) noexcept
+    : stream(s), device(s->device.get()), outer_(current_host_func) {
+  current_host_func = this;
+}
+host_func_scope::~host_func_scope() { current_host_func = outer_; }
+const host_func_scope* host_func_scope::current() noexcept { return current_host_func; }
+
+bool stream_state::advance() {
+  drop_list list;
+  auto& drop = list.get();
+  bool progress;
+  {
+    std::lock_guard lock(mutex_);
+    progress = advance_locked(drop);
+  }
+  release_all(drop);  // finished ops' resources go here, outside the lock
+  return progress;
+}
+
 std::error_code stream_state::block(std::uint64_t seq) {
   std::error_code ec;
   if (ready(seq, ec)) return ec;
-
-  struct blocking_node : wait_node {
-    std::atomic<bool> done{false};
-  } node;
-  node.on_complete = [](wait_node& n, bool) noexcept {
-    static_cast<blocking_node&>(n).done.store(true, std::memory_order_release);
-  };
-  const bool sync = seq & sync_bit;
-  const std::uint64_t s = seq & ~sync_bit;
-  node.seq = s;
-  node.source = this;
-  node.group = nullptr;
-  {
-    std::lock_guard lock(mutex_);
-    if (s <= completed_.load(std::memory_order_relaxed)) return result_locked(s, sync);
-    if (markers_.empty() || markers_.back().m.seq < s) record_marker_locked(last_seq_);
-    node.sync = sync;
-    link_locked(node);
+  if (const host_func_scope* h = host_func_scope::current(); h && h->stream == this) {
+    // The host function is an op of this stream: everything after it waits for it to return.
+    set_error(ec, std::make_error_code(std::errc::resource_deadlock_would_occur),
+              "a host function waited for its own stream; the stream cannot run past the "
+              "host function until it returns (CUDA forbids the same)");
+    return ec;
   }
 
+  const bool sync = seq & sync_bit;
+  const std::uint64_t s = seq & ~sync_bit;
+  {
+    std::lock_guard lock(mutex_);
+    if (s > completed_.load(std::memory_order_relaxed) &&
+        (markers_.empty() || markers_.back().m.seq < s))
+      record_marker_locked(last_seq_);
+  }
+  // This thread detects only its own op: it advances the stream's completed position and
+  // leaves every other waiter to its own poller, so no one else's continuation runs here.
   const auto start = clock::now();
-  std::vector<wait_node*> fired;
-  while (!node.done.load(std::memory_order_acquire)) {
-    fired.clear();
-    if (poll(fired)) {
-      for (wait_node* n : fired)
-        if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
-      fire(fired, false);
-      continue;
-    }
+  while (completed_.load(std::memory_order_acquire) < s) {
+    if (advance()) continue;
     const auto now = clock::now();
     if (policy == completion_policy::spin || now - start < spin_limit) {
       std::this_thread::yield();
@@ -336,7 +377,8 @@ std::error_code stream_state::block(std::uint64_t seq) {
     }
     block_on_front(deadline);
   }
-  return node.ec;
+  std::lock_guard lock(mutex_);
+  return result_locked(s, sync);
 }
 
 std::string stream_state::message(std::uint64_t) const {

@@ -140,7 +140,7 @@ class worker {
     // Pinned memory is read when the copy runs: the source stays untouched until then.
     for (std::size_t i = 0; i < count; ++i) src_[i] = v + static_cast<std::uint32_t>(i);
     for (std::size_t i = 0; i < count; ++i) h_[i] = 0;
-    s_.copy(d_.data(), src_.data(), count * 4);
+    (void)s_.copy(d_.data(), src_.data(), count * 4);
     const auto ec = co_await wait(s_.copy(h_.data(), d_.data(), count * 4));
     if (!co_await ok_or_injected(ec, "copy")) co_return;
     for (std::size_t i = 0; i < count; ++i)
@@ -150,7 +150,7 @@ class worker {
 
   asio::awaitable<void> launch_and_check() {
     const std::uint32_t grid = 1 + rng_() % 8;
-    s_.launch(bin_.kernel("iota_u32"), {.grid = grid}, d_, std::uint64_t{n});
+    (void)s_.launch(bin_.kernel("iota_u32"), {.grid = grid}, d_, std::uint64_t{n});
     const auto ec = co_await wait(s_.copy(h_, d_));
     if (!co_await ok_or_injected(ec, "launch")) co_return;
     for (std::size_t i = 0; i < n; i += 97)
@@ -161,10 +161,10 @@ class worker {
   // A fill on the peer stream ordered after a fill on the main stream by an event.
   asio::awaitable<void> event_chain() {
     const std::uint8_t v = static_cast<std::uint8_t>(rng_());
-    s_.fill(d2_, v);
+    (void)s_.fill(d2_, v);
     auto recorded = s_.record(ev_);
-    peer_.wait(ev_);
-    peer_.copy(d_, d2_);
+    (void)peer_.wait(ev_);
+    (void)peer_.copy(d_, d2_);
     const auto ec = co_await wait(peer_.copy(h_, d_));
     // A fault of the fill is the main stream's: the peer only sees stale data.
     const auto rec = co_await wait(std::move(recorded));
@@ -209,7 +209,7 @@ class worker {
     c_.waits_completed.fetch_add(1, std::memory_order_relaxed);
     if (ec) co_return bad("load", ec);
     auto k = b.kernel("iota_u32");
-    s_.launch(k, {.grid = 2}, d_, std::uint64_t{n});
+    (void)s_.launch(k, {.grid = 2}, d_, std::uint64_t{n});
     b.unload();  // the launch in flight keeps the code alive
     const auto lec = co_await wait(s_.copy(h_, d_));
     if (!co_await ok_or_injected(lec, "launch of an unloaded binary")) co_return;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <coroutine>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -31,7 +32,9 @@ struct wait_node {
   std::error_code ec;
 
   // Owned by the completion source while armed.
-  std::atomic<int> state{0};  // 0 armed, 1 completing, 2 cancelled
+  // 0 armed, 1 completing, 2 withdrawn, 3 handed over (the completer no longer touches the
+  // node; only waiters that withdraw in their destructor wait for this state).
+  std::atomic<int> state{0};
   bool linked = false;
   bool sync = false;  // a synchronize: reports and clears the source's fault
   std::uint64_t seq = 0;
@@ -39,6 +42,53 @@ struct wait_node {
   wait_node* next = nullptr;
   void* group = nullptr;  // the poll group responsible for detecting completion
   completion_source* source = nullptr;
+};
+
+/// Where waits that have no executor of their own complete: a thread owned by cora that runs
+/// nothing but such completions (never the thread that detects completions for everyone).
+asio::any_io_executor handler_executor() noexcept;
+
+/// Owns a tree of task frames started by cora::spawn or cora::sync_wait. A resumption of one
+/// of its frames that is dropped unrun (its execution context was destroyed) destroys the root
+/// frame, and with it every frame of the tree, so no suspended frame is left behind.
+class frame_owner : public ref_counted {
+ public:
+  /// Destroys the root frame unless it is already gone. Only the first call has an effect.
+  void destroy_root() noexcept {
+    if (gone_.exchange(true, std::memory_order_acq_rel)) return;
+    if (root_) std::exchange(root_, nullptr).destroy();
+  }
+  /// The root frame finished or was destroyed: later resumptions are ignored.
+  void root_gone() noexcept { gone_.store(true, std::memory_order_release); }
+  bool gone() const noexcept { return gone_.load(std::memory_order_acquire); }
+  void set_root(std::coroutine_handle<> h) noexcept { root_ = h; }
+
+ private:
+  std::coroutine_handle<> root_;
+  std::atomic<bool> gone_{false};
+};
+
+/// A resumption handed to an executor. Run, it resumes the frame; dropped unrun, it destroys
+/// the frame's tree through its owner (frames without an owner belong to someone else).
+class resume_op {
+ public:
+  resume_op(std::coroutine_handle<> h, intrusive_ptr<frame_owner> owner) noexcept
+      : h_(h), owner_(std::move(owner)) {}
+  resume_op(resume_op&& o) noexcept : h_(std::exchange(o.h_, nullptr)), owner_(std::move(o.owner_)) {}
+  resume_op& operator=(resume_op&&) = delete;
+  ~resume_op() {
+    if (h_ && owner_) owner_->destroy_root();
+  }
+  void operator()() {
+    std::coroutine_handle<> h = std::exchange(h_, nullptr);
+    if (owner_ && owner_->gone()) return;
+    owner_.reset();
+    h.resume();
+  }
+
+ private:
+  std::coroutine_handle<> h_;
+  intrusive_ptr<frame_owner> owner_;
 };
 
 /// Something a pending op completes through: a stream position, or a host-side operation.

@@ -34,10 +34,22 @@ constexpr std::size_t copy_piece = std::size_t{1} << 20;
 
 // Status of an op whose injected copy fault ran; beside the kernel ABI's statuses.
 constexpr int status_copy_fault = 100;
+// Status of an op that never ran, or was stopped, because the runtime was shut down.
+constexpr int status_shut_down = 101;
 
 // The abort flag is read by running kernels while the device sets it: atomically, though the
 // kernel ABI shows it as a plain volatile word.
 void set_abort(op* o) noexcept { __atomic_store_n(&o->abort, 1u, __ATOMIC_RELAXED); }
+
+void mark_shut_down(op* o) noexcept {
+  int expected = CORA_CPU_OK;
+  if (o->status.compare_exchange_strong(expected, status_shut_down, std::memory_order_acq_rel)) {
+    try {
+      o->message = "the runtime was shut down before the operation ran";
+    } catch (...) {
+    }
+  }
+}
 bool aborted(const op* o) noexcept { return __atomic_load_n(&o->abort, __ATOMIC_RELAXED) != 0; }
 
 std::error_code status_code(int status) {
@@ -45,6 +57,7 @@ std::error_code status_code(int status) {
     case CORA_CPU_TIMEOUT: return make_error_code(errc::kernel_timeout);
     case CORA_CPU_ABORTED: return make_error_code(errc::device_lost);
     case status_copy_fault: return make_error_code(errc::copy_fault);
+    case status_shut_down: return make_error_code(errc::runtime_shut_down);
     default: return make_error_code(errc::kernel_fault);
   }
 }
@@ -59,13 +72,19 @@ worker_pool::worker_pool(cpu_device& device, unsigned threads) : device_(device)
   for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
 }
 
-worker_pool::~worker_pool() { stop(); }
+worker_pool::~worker_pool() {
+  std::vector<op*> left;
+  stop(left);  // the device already finished what was left when it shut down
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+}
 
-void worker_pool::submit(op* o, unsigned pieces) {
+bool worker_pool::submit(op* o, unsigned pieces) {
   o->pieces.store(pieces, std::memory_order_relaxed);
   bool wake;
   {
     std::lock_guard lock(mutex_);
+    if (stop_) return false;
     for (unsigned i = 0; i < pieces; ++i) queue_.push_back(o);
     queued_.fetch_add(pieces, std::memory_order_release);
     wake = sleeping_ > 0;
@@ -76,17 +95,25 @@ void worker_pool::submit(op* o, unsigned pieces) {
     else
       cv_.notify_one();
   }
+  return true;
 }
 
-void worker_pool::stop() noexcept {
+void worker_pool::stop(std::vector<op*>& left) noexcept {
   {
     std::lock_guard lock(mutex_);
     if (stop_) return;
     stop_ = true;
   }
   cv_.notify_all();
-  for (auto& t : threads_)
-    if (t.joinable()) t.join();
+  // Not joined here: a worker may be running a host function that waits for the thread that
+  // shuts the runtime down. Workers take nothing more from the queue; the destructor joins.
+  std::lock_guard lock(mutex_);
+  try {
+    left.assign(queue_.begin(), queue_.end());
+  } catch (...) {
+  }
+  queue_.clear();
+  queued_.store(0, std::memory_order_relaxed);
 }
 
 void worker_pool::run() {
@@ -104,7 +131,7 @@ void worker_pool::run() {
         cv_.wait(lock);
         --sleeping_;
       }
-      if (stop_) return;
+      if (stop_) return;  // what is left belongs to stop()
       o = queue_.front();
       queue_.pop_front();
       queued_.fetch_sub(1, std::memory_order_relaxed);
@@ -120,16 +147,12 @@ cpu_stream::cpu_stream(cpu_device& device) : device_(device) { device_.add_strea
 
 cpu_stream::~cpu_stream() {
   // The core destroys a stream only once its work has completed; wait anyway, to be safe.
+  // Every op completes, even after a shutdown (ops that never ran complete with
+  // runtime_shut_down), and a worker may still be running one: never free it under it.
   std::unique_lock lock(mutex_);
   ++blocked_;
-  cv_.wait(lock, [&] { return running_ == nullptr || device_.stopped(); });
+  cv_.wait(lock, [&] { return running_ == nullptr; });
   --blocked_;
-  if (running_) {  // the device was shut down with work queued: drop it
-    delete running_;
-    for (op* o : queue_) delete o;
-    queue_.clear();
-    running_ = nullptr;
-  }
   lock.unlock();
   device_.remove_stream(this);
 }
@@ -464,10 +487,26 @@ void cpu_device::shutdown() noexcept {
     std::lock_guard lock(streams_mutex_);
     for (cpu_stream* s : streams_) s->abort_running();
   }
-  pool_.stop();
+  // Work still queued never runs: every op completes anyway, with runtime_shut_down, so that a
+  // wait on it ends (pieces of running ops count down; the ops behind them follow in finish).
+  std::vector<op*> left;
+  pool_.stop(left);
+  for (op* o : left) {
+    mark_shut_down(o);
+    if (o->pieces.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(o);
+  }
+}
+
+void cpu_device::abandon(op* o) noexcept {
+  mark_shut_down(o);
+  finish(o);
 }
 
 void cpu_device::start(op* o) {
+  if (stopped()) {
+    abandon(o);
+    return;
+  }
   switch (o->k) {
     case op::kind::wait:
       if (!o->wait_stream || o->wait_stream == o->stream ||
@@ -479,7 +518,7 @@ void cpu_device::start(op* o) {
       const std::size_t pieces =
           std::clamp<std::size_t>(o->bytes / copy_piece, 1, pool_.size());
       o->chunk = (o->bytes + pieces - 1) / pieces;
-      pool_.submit(o, static_cast<unsigned>(pieces));
+      if (!pool_.submit(o, static_cast<unsigned>(pieces))) abandon(o);
       return;
     }
     case op::kind::launch: {
@@ -487,12 +526,12 @@ void cpu_device::start(op* o) {
       o->batch = std::max<std::uint32_t>(1, o->grid / (pieces * 8));
       if (o->timeout_ns) o->launch.deadline_ns = now_ns() + o->timeout_ns;
       o->launch.abort_flag = &o->abort;
-      pool_.submit(o, pieces);
+      if (!pool_.submit(o, pieces)) abandon(o);
       return;
     }
     case op::kind::host_func:
     case op::kind::record:
-      pool_.submit(o, 1);
+      if (!pool_.submit(o, 1)) abandon(o);
       return;
   }
 }
@@ -536,9 +575,11 @@ void cpu_device::execute(op* o) {
           // Stopped by the device (shutdown, loss), unless a block of its own failed first:
           // skipped blocks must not pass for a successful launch.
           int expected = CORA_CPU_OK;
-          if (o->status.compare_exchange_strong(expected, CORA_CPU_ABORTED,
+          const bool shut = stopped() && !lost();
+          if (o->status.compare_exchange_strong(expected, shut ? status_shut_down : CORA_CPU_ABORTED,
                                                 std::memory_order_acq_rel))
-            o->message = "launch aborted: device lost or shut down";
+            o->message = shut ? "launch stopped: the runtime was shut down"
+                              : "launch aborted: device lost or shut down";
           return;
         }
         const std::uint32_t first = o->next.fetch_add(o->batch, std::memory_order_relaxed);
@@ -610,7 +651,10 @@ void cpu_device::finish(op* first) {
     o->stream->finished(o, ready);
     delete o;
     for (op* r : ready) {
-      if (r->k == op::kind::wait &&
+      if (stopped()) {  // shut down: what was waiting behind this op never runs
+        mark_shut_down(r);
+        todo.push_back(r);
+      } else if (r->k == op::kind::wait &&
           (!r->wait_stream || r->wait_stream == r->stream ||
            !r->wait_stream->add_dependent(r->wait_seq, r)))
         todo.push_back(r);

@@ -93,8 +93,11 @@ class worker_pool {
  public:
   worker_pool(cpu_device& device, unsigned threads);
   ~worker_pool();
-  void submit(op* o, unsigned pieces);
-  void stop() noexcept;
+  /// Queues `pieces` pieces of `o`; false (nothing queued) once the pool has stopped.
+  bool submit(op* o, unsigned pieces);
+  /// Stops the workers taking work (without waiting for the pieces they run); the pieces still
+  /// queued are moved to `left`, one entry per piece.
+  void stop(std::vector<op*>& left) noexcept;
   unsigned size() const noexcept { return static_cast<unsigned>(threads_.size()); }
 
  private:
@@ -185,6 +188,8 @@ class cpu_device final : public device {
   void remove_stream(cpu_stream* s);
   unsigned workers() const noexcept { return pool_.size(); }
   bool stopped() const noexcept { return stopped_.load(std::memory_order_acquire); }
+  /// Completes an op that will not run (the device was shut down) with runtime_shut_down.
+  void abandon(op* o) noexcept;
 
   /// The device's fault injection plan (a test hook).
   fault_injection& faults() noexcept { return faults_; }

@@ -51,9 +51,13 @@ struct backend_status {
 
 /// Owns the backends and devices. Devices are listed GPUs first, then the CPU device(s).
 ///
-/// Destroying the runtime completes every pending wait with asio::error::operation_aborted,
-/// lets device work already enqueued finish, and stops the engine; objects made from it stay
-/// safe to destroy afterwards.
+/// Destroying the runtime completes every pending wait with asio::error::operation_aborted
+/// (delivered on each waiter's executor, never inline on the destroying thread) and never waits
+/// for the device: work the backend can stop stops (the CPU device's kernels, and ops queued
+/// behind them, complete with errc::runtime_shut_down), GPU work already enqueued runs on. A
+/// later wait on any op completes with its result or errc::runtime_shut_down. Objects made from
+/// the runtime (streams, buffers, binaries, and the device a stream reports) stay safe to use
+/// and destroy afterwards; new work on them fails with errc::runtime_shut_down.
 class runtime {
  public:
   runtime();

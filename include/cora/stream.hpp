@@ -96,6 +96,18 @@ class stream {
     return fill(to_void(dst.data()), value, dst.size_bytes());
   }
 
+  // --- memory ---------------------------------------------------------------------------------
+
+  /// Frees `buffer` once everything enqueued on this stream so far has completed (without
+  /// blocking), also where that work used the memory through addresses cora cannot see (a
+  /// pointer inside a struct argument, a foreign library's kernel on an adopted stream).
+  /// Ops cora saw using the buffer hold it anyway, on whichever stream they run.
+  template <class T, detail::memory_space Space>
+  void free(basic_buffer<T, Space>&& buffer) {
+    auto* owner = buffer.owner();
+    free_after(owner, buffer.release(), Space == detail::memory_space::host);
+  }
+
   // --- launches -------------------------------------------------------------------------------
 
   /// Launches `k` with typed arguments, checked against the kernel's parameters (count and
@@ -175,6 +187,9 @@ class stream {
 
   // --- inspection ----------------------------------------------------------------------------
 
+  /// The backend's stream (a CUstream on CUDA; null on the CPU device). Work other libraries
+  /// enqueue on it is ordered after cora's work enqueued so far.
+  void* native_handle() const noexcept;
   /// The device this stream belongs to.
   cora::device& device() const;
   /// True when everything enqueued so far has completed (may query the driver).
@@ -187,6 +202,7 @@ class stream {
   static void* to_void(P* p) noexcept {
     return const_cast<void*>(static_cast<const void*>(p));
   }
+  void free_after(detail::device_state* owner, void* p, bool host) noexcept;
   pending<void> copy_checked(void* dst, std::size_t dst_bytes, const void* src,
                              std::size_t src_bytes);
   pending<void> launch_typed(const kernel& k, const launch_config& cfg,

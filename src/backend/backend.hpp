@@ -135,6 +135,8 @@ class stream {
   virtual fault take_fault() = 0;
   /// The backend's own handle (CUstream on CUDA; null where there is none).
   virtual void* native_handle() const noexcept { return nullptr; }
+  /// True for a stream adopted from another library (its destruction only lets go of it).
+  virtual bool borrowed() const noexcept { return false; }
 };
 
 /// What a backend knows of memory cora did not allocate (another library's allocation).

@@ -514,6 +514,9 @@ void device_state::refill_streams() noexcept {
 
 void device_state::retire_stream(std::unique_ptr<backend::stream> s) noexcept {
   if (!s) return;
+  // An adopted stream belongs to its library, which may destroy it as soon as cora's handle
+  // is gone: let go of it now (that waits for nothing).
+  if (s->borrowed()) return;
   try {
     // The handler owns the stream; should posting fail, it is destroyed here instead.
     asio::post(host_pool(), [self = shared_from_this(), s = std::shared_ptr<backend::stream>(std::move(s))]() mutable {

@@ -89,7 +89,15 @@ cuda_device::cuda_device(std::shared_ptr<context> ctx, device_info info, launch_
   }
 }
 
-cuda_device::~cuda_device() { shutdown(); }
+cuda_device::~cuda_device() {
+  shutdown();
+  if (!pool_) return;
+  current_context cur(*ctx_);
+  // Nothing cora handed out is left (the core frees every allocation first); the driver
+  // releases a pool with outstanding memory once that memory is freed anyway.
+  ctx_->api.cuStreamDestroy(memory_stream_);
+  ctx_->api.cuMemPoolDestroy(pool_);
+}
 
 void cuda_device::shutdown() noexcept {
   std::lock_guard lock(alloc_mutex_);

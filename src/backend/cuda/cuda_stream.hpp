@@ -54,6 +54,7 @@ class cuda_stream final : public stream {
 
   CUstream handle() const noexcept { return stream_; }
   void* native_handle() const noexcept override { return stream_; }
+  bool borrowed() const noexcept override { return !owned_; }
 
  private:
   /// False (with the op failed) when the context was lost before this op.

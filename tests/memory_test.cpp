@@ -190,6 +190,25 @@ TEST_P(memory_test, StreamFreeWaitsForTheStreamNotTheCaller) {
   EXPECT_EQ(dev().memory_in_use(), in_use - 1024 * 4);
 }
 
+// stream.alloc completes without waiting for the stream's earlier work; stream.free pairs with it.
+TEST_P(memory_test, StreamAllocDoesNotWaitForEarlierWork) {
+  auto sp = spin();
+  auto b = sp.stream.alloc<std::uint32_t>(256).wait();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b.size(), 256u);
+  EXPECT_EQ(sp.state(), 0u);
+  sp.stream.fill(b, 7);
+  sp.stream.free(std::move(b));
+  try {
+    (void)sp.stream.alloc<std::uint32_t>(0).wait();
+    ADD_FAILURE() << "a 0-element allocation succeeded";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+  }
+  sp.release();
+  sp.run.wait();
+}
+
 // Freed memory is refused by later ops even while in-flight work still holds it.
 TEST_P(memory_test, DroppedBufferIsRefusedByLaterOps) {
   auto sp = spin();

@@ -76,8 +76,9 @@ void* device::malloc(std::size_t bytes, std::error_code& ec) {
     detail::set_error(ec, errc::invalid_argument, "cannot allocate 0 bytes");
     return nullptr;
   }
+  // Counted before the backend allocates, so concurrent allocations never pass the limit.
   const std::size_t limit = s_->runtime->options.device_memory_limit;
-  if (limit != 0 && (bytes > limit || s_->memory_in_use() > limit - bytes)) {
+  if (!s_->count_bytes(bytes, limit)) {
     detail::set_error(ec, errc::out_of_memory,
                       "cannot allocate " + std::to_string(bytes) + " bytes on " + s_->properties.name +
                           ": the device memory limit of " + std::to_string(limit) +
@@ -87,11 +88,12 @@ void* device::malloc(std::size_t bytes, std::error_code& ec) {
   }
   void* p = s_->backend->alloc(bytes, ec);
   if (ec) {
+    s_->uncount_bytes(bytes);
     detail::set_error(ec, ec,
                       "cannot allocate " + std::to_string(bytes) + " bytes on " + s_->properties.name);
     return nullptr;
   }
-  s_->add_allocation(p, bytes);
+  s_->add_allocation(p, bytes, true);
   return p;
 }
 

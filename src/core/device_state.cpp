@@ -227,14 +227,26 @@ device_state::~device_state() {
   }
 }
 
-void device_state::add_allocation(void* p, std::size_t size) {
+void device_state::add_allocation(void* p, std::size_t size, bool counted) {
   auto* r = new alloc_record;
   r->base = reinterpret_cast<std::uintptr_t>(p);
   r->size = size;
   r->owner = this;
   r->from = alloc_record::origin::device;
-  in_use_.fetch_add(size, std::memory_order_relaxed);
+  if (!counted) in_use_.fetch_add(size, std::memory_order_relaxed);
   allocations_.insert(r);
+}
+
+bool device_state::count_bytes(std::size_t bytes, std::size_t limit) noexcept {
+  std::size_t now = in_use_.load(std::memory_order_relaxed);
+  do {
+    if (limit != 0 && (bytes > limit || now > limit - bytes)) return false;
+  } while (!in_use_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void device_state::uncount_bytes(std::size_t bytes) noexcept {
+  in_use_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 bool device_state::remove_allocation(void* p) {
@@ -297,6 +309,7 @@ void* device_state::pinned_alloc(std::size_t bytes, std::error_code& ec) {
       if (pool.free_bytes < default_slab / 2 && !pool.growing &&
           (limit == 0 || pool.reserved + default_slab <= limit)) {
         pool.growing = true;
+        pool.reserved += default_slab;  // counted from now, against the limit
         prefetch = true;
       }
     }
@@ -305,28 +318,42 @@ void* device_state::pinned_alloc(std::size_t bytes, std::error_code& ec) {
     // Nothing fits: a slab of its own size (at least the default), allocated now.
     const std::size_t slab = std::max(default_slab, (size + slab_round - 1) / slab_round * slab_round);
     {
+      // Reserved before the backend allocates, so concurrent growth never passes the limit.
       std::lock_guard lock(pool.mutex);
       if (limit != 0 && pool.reserved + slab > limit) {
         ec = make_error_code(errc::out_of_memory);
         return nullptr;
       }
+      pool.reserved += slab;
     }
     void* p = backend->alloc_host(slab, ec);
-    if (ec) return nullptr;
     std::lock_guard lock(pool.mutex);
+    pool.reserved -= slab;
+    if (ec) return nullptr;
     pool.add_slab(static_cast<std::byte*>(p), slab);
     a = pool.take(size);
+    if (!a) {
+      ec = make_error_code(errc::out_of_memory);
+      return nullptr;
+    }
   }
   if (prefetch) {
-    asio::post(host_pool(), [self = shared_from_this()] {
-      auto& pl = *self->pinned_pool_;
-      std::error_code e;
-      void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
-                                                                : self->backend->alloc_host(default_slab, e);
-      std::lock_guard lock(pl.mutex);
-      if (p) pl.add_slab(static_cast<std::byte*>(p), default_slab);
-      pl.growing = false;
-    });
+    try {
+      asio::post(host_pool(), [self = shared_from_this()] {
+        auto& pl = *self->pinned_pool_;
+        std::error_code e;
+        void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
+                                                                  : self->backend->alloc_host(default_slab, e);
+        std::lock_guard lock(pl.mutex);
+        pl.reserved -= default_slab;
+        if (p) pl.add_slab(static_cast<std::byte*>(p), default_slab);
+        pl.growing = false;
+      });
+    } catch (...) {
+      std::lock_guard lock(pool.mutex);
+      pool.reserved -= default_slab;
+      pool.growing = false;
+    }
   }
   auto* r = new alloc_record;
   r->base = a;

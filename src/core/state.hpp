@@ -140,7 +140,12 @@ class device_state : public std::enable_shared_from_this<device_state> {
   std::atomic<bool> shut_down{false};
 
   // Allocation table: device memory of this device.
-  void add_allocation(void* p, std::size_t size);
+  /// Registers device memory from backend->alloc; `counted`: its bytes were already counted
+  /// by count_bytes.
+  void add_allocation(void* p, std::size_t size, bool counted = false);
+  /// Counts `bytes` as in use unless that would pass `limit` (0: none); false then.
+  bool count_bytes(std::size_t bytes, std::size_t limit) noexcept;
+  void uncount_bytes(std::size_t bytes) noexcept;
   /// Drops the handle's reference of the device allocation at `p`; false if there is none.
   bool remove_allocation(void* p);
   /// Marks the allocation at `p` dropped and hands over the handle's reference (null if none).

@@ -86,6 +86,16 @@ bool stream::idle() const { return !s_ || st()->query_idle(); }
 
 void* stream::native_handle() const noexcept { return s_ ? st()->backend->native_handle() : nullptr; }
 
+void* stream::alloc_raw(std::size_t bytes, std::shared_ptr<detail::device_state>& owner,
+                        std::error_code& ec) {
+  if (!s_) {
+    detail::set_error(ec, errc::invalid_handle, "empty stream handle");
+    return nullptr;
+  }
+  owner = st()->device;
+  return st()->device->handle->malloc(bytes, ec);
+}
+
 void stream::free_after(detail::device_state* owner, void* p, bool host) noexcept {
   if (!p || !owner) return;
   detail::alloc_record* r = host ? owner->runtime->pinned.drop(p) : owner->drop_allocation(p);

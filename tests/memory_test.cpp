@@ -8,9 +8,12 @@
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
+#include <atomic>
 #include <chrono>
 #include <vector>
 
+#include "core/state.hpp"
+#include "support/alloc_counter.hpp"
 #include "support/device_fixture.hpp"
 
 namespace cora::test {
@@ -246,6 +249,51 @@ TEST_P(memory_test, TenThousandCyclesLeaveTheStatsWhereTheyWere) {
   EXPECT_EQ(after.device_in_use, before.device_in_use);
   EXPECT_EQ(after.pinned_in_use, before.pinned_in_use);
   EXPECT_GE(after.pinned_reserved, after.pinned_in_use);
+}
+
+// What ops keep alive (a launch's module and kernel, the allocations it uses) is stored in a
+// ring of small entries and released through a per-thread list: once both are warm, keeping
+// and releasing allocate nothing. (Backends may allocate per op on their own: the CPU device's
+// queue does; this checks the keep-alive storage itself.)
+TEST_P(memory_test, KeepAliveStorageAllocatesNothingOnceWarm) {
+  auto a = dev().alloc<float>(64), b = dev().alloc<float>(64);
+  auto k = kernels().kernel("add_f32");
+  auto s = dev().make_stream();
+  s.launch(k, {}, a, a, b, std::uint64_t{64}).wait();  // loads the module where lazy
+  std::shared_ptr<cora::backend::module> module;
+  {
+    std::error_code ec;
+    module = k.state()->binary->module_for_launch(ec);
+    ASSERT_FALSE(ec);
+  }
+  auto& dev_state = *dev().state();
+  const auto entry = [&] {
+    detail::op_keep e;
+    e.module = module;
+    e.kernel = k.state();
+    for (float* p : {a.data(), b.data()}) {
+      detail::memory_region r;
+      detail::alloc_ref ref;
+      dev_state.find_allocation(p, r, &ref);
+      e.add(std::move(ref));
+    }
+    return e;
+  };
+  detail::keep_ring ring;
+  const auto cycle = [&](int n) {
+    for (int i = 0; i < n; ++i) ring.push(static_cast<std::uint64_t>(i), entry());
+    detail::keep_drop drop;
+    while (!ring.empty()) ring.pop_into(drop.next());
+    drop.release();
+  };
+  cycle(1000);  // warms the ring and this thread's release list
+  const auto before = cora::test::heap_allocations();
+  cycle(1000);
+  EXPECT_EQ(cora::test::heap_allocations() - before, 0u);
+  // Every reference went: dropping the buffers frees them at once.
+  const auto in_use = dev().memory_in_use();
+  a.reset();
+  EXPECT_EQ(dev().memory_in_use(), in_use - 64 * sizeof(float));
 }
 
 // runtime_options limits: beyond them, allocation fails with out_of_memory.

@@ -95,12 +95,15 @@ class device {
   /// Raw device allocation (freed with free(); freeing is stream-ordered like a buffer's).
   void* malloc(std::size_t bytes);
   void* malloc(std::size_t bytes, std::error_code& ec);
-  /// Frees a raw device allocation. @throws cora::error (errc::invalid_pointer).
+  /// Frees a raw device allocation, stream-ordered: never blocks; the memory returns to the
+  /// pool once the ops in flight that use it have completed. @throws cora::error
+  /// (errc::invalid_pointer).
   void free(void* p);
   void free(void* p, std::error_code& ec);
   /// Raw pinned host allocation (freed with free_host()).
   void* malloc_host(std::size_t bytes);
   void* malloc_host(std::size_t bytes, std::error_code& ec);
+  /// Frees a raw pinned allocation, stream-ordered like free().
   void free_host(void* p);
   void free_host(void* p, std::error_code& ec);
   /// Device memory currently allocated, in bytes (memory_stats().device_in_use).

@@ -506,6 +506,43 @@ std::unique_ptr<backend::stream> device_state::take_stream(int priority, std::er
   return backend->create_stream(priority, wakeup, ec);  // the pool is empty: the first stream
 }
 
+void device_state::warm_up() noexcept {
+  {
+    std::lock_guard lock(pinned_pool_->mutex);
+    const std::size_t limit = runtime->options.pinned_memory_limit;
+    if (pinned_pool_->growing || (limit != 0 && default_slab > limit)) return;
+    pinned_pool_->growing = true;
+    pinned_pool_->reserved += default_slab;
+  }
+  if (backend->pool_streams()) {
+    std::lock_guard lock(spare_mutex_);
+    refilling_ = true;
+  }
+  try {
+    asio::post(host_pool(), [self = shared_from_this()] {
+      auto& pl = *self->pinned_pool_;
+      std::error_code e;
+      void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
+                                                                : self->backend->alloc_host(default_slab, e);
+      {
+        std::lock_guard lock(pl.mutex);
+        pl.reserved -= default_slab;
+        if (p) pl.add_slab(static_cast<std::byte*>(p), default_slab);
+        pl.growing = false;
+      }
+      if (self->backend->pool_streams()) self->refill_streams();
+    });
+  } catch (...) {
+    {
+      std::lock_guard lock(pinned_pool_->mutex);
+      pinned_pool_->reserved -= default_slab;
+      pinned_pool_->growing = false;
+    }
+    std::lock_guard lock(spare_mutex_);
+    refilling_ = false;
+  }
+}
+
 void device_state::refill_streams() noexcept {
   const auto wakeup = runtime->options.completion == completion_policy::callback
                           ? backend::marker_wakeup::host_callback

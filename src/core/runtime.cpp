@@ -126,6 +126,7 @@ runtime::runtime(runtime_options options) : impl_(std::make_unique<impl>()) {
     auto st = std::make_shared<detail::device_state>(impl_->core, std::move(found[i]), i);
     impl_->devices.push_back(std::make_unique<cora::device>(st));
     st->handle = impl_->devices.back().get();
+    st->warm_up();
   }
   const std::size_t def = options.default_device.value_or(0);
   if (def >= impl_->devices.size())

@@ -173,6 +173,9 @@ class device_state : public std::enable_shared_from_this<device_state> {
   /// the keep-alive of the op that will use it).
   memory_region classify(const void* p, std::size_t bytes, std::error_code& ec, alloc_ref* keep) const;
 
+  /// Fills the stream pool and the first pinned slab on a cora thread (called once the device
+  /// is owned by a shared_ptr), so that the first calls find them ready.
+  void warm_up() noexcept;
   /// Returns cached memory: device pool memory beyond `keep`, wholly free pinned slabs.
   void trim_memory(std::size_t keep) noexcept;
 

@@ -231,6 +231,80 @@ TEST_F(cuda_backend_test, CubinAndFatbinFromFilesRun) {
   EXPECT_EQ(test_kernels().kernel_by_entry(7).name(), "scale_7");
 }
 
+// Memory from other allocators (cuMemAlloc, cuMemAllocManaged called directly) is accepted by
+// launches and copies; pageable host memory stays refused as a kernel's device pointer.
+TEST_F(cuda_backend_test, ForeignDeviceAndManagedMemoryAreAccepted) {
+  std::string reason;
+  const auto* api = cuda::driver(reason);
+  ASSERT_NE(api, nullptr) << reason;
+  auto* ctx = static_cast<CUcontext>(dev().native_handle());
+  ASSERT_NE(ctx, nullptr);
+  ASSERT_EQ(api->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+  const std::size_t n = 4096;
+  CUdeviceptr plain = 0, managed = 0;
+  ASSERT_EQ(api->cuMemAlloc(&plain, n * 4), CUDA_SUCCESS);
+  ASSERT_EQ(api->cuMemAllocManaged(&managed, n * 4, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  auto s = dev().make_stream();
+  auto h = dev().alloc_host<std::uint32_t>(n);
+  auto fill = cuda_kernels().kernel("fill_u32");
+  std::uint32_t value = 0x0f0f0001u;
+  for (CUdeviceptr p : {plain, managed}) {
+    auto* ptr = reinterpret_cast<std::uint32_t*>(p);
+    s.launch(fill, {.grid = 8, .block = 128}, ptr, value, std::uint64_t{n});
+    s.copy(h.data(), ptr, n * 4).wait();
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(h[i], value) << i;
+    // The driver reports a cuMemAlloc allocation's bounds: a range past its end is refused.
+    if (p == plain) {
+      try {
+        s.copy(h.data(), ptr + 1, n * 4).wait();
+        ADD_FAILURE() << "a copy past the end of a foreign allocation was accepted";
+      } catch (const error& e) {
+        EXPECT_EQ(e.code(), errc::out_of_range) << e.what();
+      }
+    }
+    ++value;
+  }
+  std::vector<std::uint32_t> pageable(n);
+  try {
+    s.launch(fill, {.grid = 1, .block = 32}, pageable.data(), value, std::uint64_t{n}).wait();
+    ADD_FAILURE() << "pageable host memory was accepted as a device pointer";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_pointer) << e.what();
+  }
+  s.synchronize().wait();
+  EXPECT_EQ(api->cuMemFree(plain), CUDA_SUCCESS);
+  EXPECT_EQ(api->cuMemFree(managed), CUDA_SUCCESS);
+}
+
+// An adopted stream orders cora's work with the foreign work enqueued after it on the same
+// native stream, and is never destroyed by cora.
+TEST_F(cuda_backend_test, AdoptedStreamOrdersCoraWorkWithForeignWork) {
+  std::string reason;
+  const auto* api = cuda::driver(reason);
+  ASSERT_NE(api, nullptr) << reason;
+  ASSERT_EQ(api->cuCtxSetCurrent(static_cast<CUcontext>(dev().native_handle())), CUDA_SUCCESS);
+  CUstream native = nullptr;
+  ASSERT_EQ(api->cuStreamCreateWithPriority(&native, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+  const std::size_t n = 1 << 20;
+  auto d = dev().alloc<std::uint32_t>(n);
+  std::vector<std::uint32_t> out(n);
+  {
+    auto s = dev().adopt_stream(native);
+    EXPECT_EQ(s.native_handle(), native);
+    // A slow kernel first, so the foreign copy would see stale data without the ordering.
+    auto flag = dev().alloc<std::uint32_t>(1);
+    s.launch(test_kernels().kernel("slow"), {}, std::uint64_t{20000}, flag);
+    s.launch(cuda_kernels().kernel("fill_u32"), {.grid = 64, .block = 256}, d, 0xabcd0123u, std::uint64_t{n});
+    ASSERT_EQ(api->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(out.data()),
+                                 reinterpret_cast<CUdeviceptr>(d.data()), n * 4, native),
+              CUDA_SUCCESS);
+    ASSERT_EQ(api->cuStreamSynchronize(native), CUDA_SUCCESS);
+  }  // the cora stream goes; the native one stays
+  for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(out[i], 0xabcd0123u) << i;
+  EXPECT_EQ(api->cuStreamQuery(native), CUDA_SUCCESS);
+  EXPECT_EQ(api->cuStreamDestroy(native), CUDA_SUCCESS);
+}
+
 TEST_F(cuda_backend_test, ParametersReachTheKernelWhateverCudasLayout) {
   auto s = dev().make_stream();
   // CUDA puts (double*, int32, int32, double) at 0, 8, 12, 16; cora's block at 0, 8, 16, 24.

@@ -169,7 +169,6 @@ struct worker {
   std::uint64_t batch_ids = 0;
   unsigned launches = 0;  // launches of this worker on the device
   bool flush_posted = false;
-  std::vector<std::unique_ptr<buffers>> spare;  // buffers of completed launches
 };
 
 struct connection : std::enable_shared_from_this<connection> {
@@ -594,18 +593,11 @@ struct server::impl {
     start_launch(w, std::move(members));
   }
 
-  std::unique_ptr<buffers> take_buffers(worker& w) {
-    if (w.spare.empty()) return std::make_unique<buffers>();
-    auto b = std::move(w.spare.back());
-    w.spare.pop_back();
-    return b;
-  }
-
-  // Keeps buffers for the next launch, except large ones: a rare huge request should not
-  // leave its memory behind.
-  static void give_back(worker& w, std::unique_ptr<buffers> b) {
-    if (b && b->capacity <= (1u << 20)) w.spare.push_back(std::move(b));
-  }
+  // Each launch allocates its buffers from the device's pools and drops them when it is done:
+  // allocating never waits for the device, and a drop is a stream-ordered free, so the server
+  // keeps no spare lists of its own.
+  static std::unique_ptr<buffers> take_buffers(worker&) { return std::make_unique<buffers>(); }
+  static void give_back(worker&, std::unique_ptr<buffers> b) { b.reset(); }
 
   // Packs the live members' vectors (one copy in, one launch, one copy out) and enqueues them
   // on the least busy stream; complete() runs on the worker when the work is done.
@@ -694,7 +686,7 @@ struct server::impl {
       if (ok && j.n) std::memcpy(j.out, out + m.offset, 4 * j.n);
       j.result = ok ? proto::status::ok : proto::status::device_error;
     }
-    give_back(w, std::move(l->buf));  // first, so that the resumed requests may reuse them
+    give_back(w, std::move(l->buf));  // first, so that the resumed requests may reuse the memory
     // On this worker's thread, each until its next wait. A resumed request parks again with a
     // new ticket, so a member is resumed only once.
     for (const member& m : l->members)

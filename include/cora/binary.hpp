@@ -79,6 +79,9 @@ class binary {
   void unload();
   void unload(std::error_code& ec);
   bool loaded() const noexcept;
+  /// The backend's module (a CUmodule on CUDA); null on the CPU device, before a lazy load
+  /// has happened, and after unload().
+  void* native_handle() const noexcept;
 
   explicit operator bool() const noexcept { return static_cast<bool>(s_); }
   const std::shared_ptr<detail::binary_state>& state() const noexcept { return s_; }

@@ -44,6 +44,20 @@ struct event_options {
   bool timing = true;  ///< record timestamps (needed by event::elapsed)
 };
 
+/// What a device's memory pools hold (device::memory_stats).
+struct memory_stats {
+  /// Device memory handed out and not yet freed, in bytes. Memory whose buffer was dropped
+  /// counts until the work that used it has completed and it went back to the pool.
+  std::size_t device_in_use = 0;
+  /// Device memory the backend's pool holds (in use plus cached for reuse), in bytes; 0 where
+  /// the backend keeps no pool of its own.
+  std::size_t device_reserved = 0;
+  /// Pinned host memory handed out (alloc_host, malloc_host, staging), in bytes.
+  std::size_t pinned_in_use = 0;
+  /// Pinned host memory the slab pool holds (in use plus free), in bytes.
+  std::size_t pinned_reserved = 0;
+};
+
 /// A device. Made by its cora::runtime; runtime::device() references are valid while the
 /// runtime lives, and stream::device() references while the stream does (the device's state
 /// outlives the runtime as long as objects made from it exist). Objects created from it
@@ -68,34 +82,51 @@ class device {
 
   // --- memory --------------------------------------------------------------------------------
 
-  /// Allocates `n` elements of device memory. @throws cora::error (errc::out_of_memory,
-  /// errc::invalid_argument for n == 0).
+  /// Allocates `n` elements of device memory, usable at once by every stream. Never waits for
+  /// device work (on CUDA it comes from cora's stream-ordered pool). Dropping the buffer is a
+  /// stream-ordered free (see cora::basic_buffer). @throws cora::error (errc::out_of_memory,
+  /// also beyond runtime_options::device_memory_limit; errc::invalid_argument for n == 0).
   template <class T>
   device_buffer<T> alloc(std::size_t n) {
     return device_buffer<T>(state(), static_cast<T*>(malloc(n * sizeof(T))), n);
   }
-  /// Allocates `n` elements of pinned host memory.
+  /// Allocates `n` elements of pinned host memory from the device's slab pool (the driver is
+  /// called only while the pool grows).
   template <class T>
   host_buffer<T> alloc_host(std::size_t n) {
     return host_buffer<T>(state(), static_cast<T*>(malloc_host(n * sizeof(T))), n);
   }
-  /// Raw device allocation (freed with free()).
+  /// Raw device allocation (freed with free(); freeing is stream-ordered like a buffer's).
   void* malloc(std::size_t bytes);
   void* malloc(std::size_t bytes, std::error_code& ec);
-  /// Frees a raw device allocation. @throws cora::error (errc::invalid_pointer).
+  /// Frees a raw device allocation, stream-ordered: never blocks; the memory returns to the
+  /// pool once the ops in flight that use it have completed. @throws cora::error
+  /// (errc::invalid_pointer).
   void free(void* p);
   void free(void* p, std::error_code& ec);
   /// Raw pinned host allocation (freed with free_host()).
   void* malloc_host(std::size_t bytes);
   void* malloc_host(std::size_t bytes, std::error_code& ec);
+  /// Frees a raw pinned allocation, stream-ordered like free().
   void free_host(void* p);
   void free_host(void* p, std::error_code& ec);
-  /// Device memory currently allocated, in bytes.
+  /// Device memory currently allocated, in bytes (memory_stats().device_in_use).
   std::size_t memory_in_use() const noexcept;
+  /// Bytes in use and reserved by the device's memory pools.
+  cora::memory_stats memory_stats() const noexcept;
+  /// Returns cached pool memory to the system: device memory beyond `keep` bytes (and wholly
+  /// free pinned slabs, on a cora thread). Never waits for device work.
+  void trim_memory(std::size_t keep = 0) noexcept;
 
   // --- streams and events --------------------------------------------------------------------
 
+  /// A new stream; taken from a pool of created streams, so it does not wait for the driver.
   cora::stream make_stream(const stream_options& options = {});
+  /// A cora stream around a native stream of another library (a CUstream on CUDA), borrowed:
+  /// cora never destroys it. Work on it is ordered with the other library's work on the same
+  /// native stream. @throws cora::error (errc::not_supported on devices without native
+  /// streams, errc::invalid_argument for a null stream).
+  cora::stream adopt_stream(void* native_stream);
   cora::event make_event(const event_options& options = {});
 
   // --- binaries ------------------------------------------------------------------------------
@@ -111,6 +142,10 @@ class device {
   /// device has completed; reports (and clears) the streams' device faults. It does not block:
   /// `co_await` it or call `.wait()` on it.
   pending<void> synchronize();
+
+  /// The backend's own device handle: the device's primary CUcontext on CUDA (the context
+  /// cora's streams and memory belong to), null on the CPU device.
+  void* native_handle() const noexcept;
 
   std::shared_ptr<detail::device_state> state() const noexcept;
 

@@ -34,6 +34,10 @@ class event {
   static std::chrono::duration<double, std::milli> elapsed(const event& start, const event& end,
                                                            std::error_code& ec);
 
+  /// The backend's event (a CUevent on CUDA; null on the CPU device). Lets other CUDA code
+  /// wait for cora's work (cuStreamWaitEvent after a record) without a host sync.
+  void* native_handle() const noexcept;
+
   explicit operator bool() const noexcept { return static_cast<bool>(s_); }
   const std::shared_ptr<detail::event_state>& state() const noexcept { return s_; }
 

@@ -38,6 +38,16 @@ struct runtime_options {
   unsigned cpu_devices = 1;
   /// Hybrid policy: how long a waiter spins before handing the wait to the engine thread.
   std::chrono::microseconds spin_limit{50};
+  /// Most device memory each device hands out, in bytes (allocations beyond it fail with
+  /// errc::out_of_memory); 0 = what the device has (CORA_DEVICE_MEMORY_LIMIT).
+  std::size_t device_memory_limit = 0;
+  /// Most pinned host memory each device's slab pool reserves, in bytes; 0 = no limit
+  /// (CORA_PINNED_MEMORY_LIMIT).
+  std::size_t pinned_memory_limit = 0;
+  /// Device memory a device's pool keeps cached while idle, in bytes, rather than returning it
+  /// to the system (CUDA: the pool's release threshold); device::trim_memory() returns the
+  /// rest at once (CORA_POOL_RELEASE_THRESHOLD).
+  std::size_t pool_release_threshold = std::size_t{256} << 20;
   bool use_environment = true;
 };
 

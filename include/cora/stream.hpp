@@ -96,6 +96,39 @@ class stream {
     return fill(to_void(dst.data()), value, dst.size_bytes());
   }
 
+  // --- memory ---------------------------------------------------------------------------------
+
+  /// Allocates `n` elements of device memory for work on this stream, as a pending (errors:
+  /// errc::out_of_memory, errc::invalid_argument for n == 0). The memory comes from the
+  /// device's stream-ordered pool and is usable by this and every other stream as soon as the
+  /// pending completes, which it does without waiting for earlier work (allocation never waits
+  /// for the device). Pairs with free() for a buffer whose life is one stream's work.
+  template <class T>
+  pending<device_buffer<T>> alloc(std::size_t n) {
+    auto st = detail::make_intrusive<detail::async_state<device_buffer<T>>>();
+    std::shared_ptr<detail::device_state> owner;
+    std::error_code ec;
+    void* p = alloc_raw(n * sizeof(T), owner, ec);
+    if (ec) {
+      st->complete(ec, last_error_message());
+    } else {
+      st->set_value(device_buffer<T>(std::move(owner), static_cast<T*>(p), n));
+      st->complete({});
+    }
+    return pending<device_buffer<T>>(
+        detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
+  }
+
+  /// Frees `buffer` once everything enqueued on this stream so far has completed (without
+  /// blocking), also where that work used the memory through addresses cora cannot see (a
+  /// pointer inside a struct argument, a foreign library's kernel on an adopted stream).
+  /// Ops cora saw using the buffer hold it anyway, on whichever stream they run.
+  template <class T, detail::memory_space Space>
+  void free(basic_buffer<T, Space>&& buffer) {
+    auto* owner = buffer.owner();
+    free_after(owner, buffer.release(), Space == detail::memory_space::host);
+  }
+
   // --- launches -------------------------------------------------------------------------------
 
   /// Launches `k` with typed arguments, checked against the kernel's parameters (count and
@@ -179,6 +212,9 @@ class stream {
 
   // --- inspection ----------------------------------------------------------------------------
 
+  /// The backend's stream (a CUstream on CUDA; null on the CPU device). Work other libraries
+  /// enqueue on it is ordered after cora's work enqueued so far.
+  void* native_handle() const noexcept;
   /// The device this stream belongs to.
   cora::device& device() const;
   /// True when everything enqueued so far has completed (may query the driver).
@@ -191,6 +227,8 @@ class stream {
   static void* to_void(P* p) noexcept {
     return const_cast<void*>(static_cast<const void*>(p));
   }
+  void free_after(detail::device_state* owner, void* p, bool host) noexcept;
+  void* alloc_raw(std::size_t bytes, std::shared_ptr<detail::device_state>& owner, std::error_code& ec);
   pending<void> copy_checked(void* dst, std::size_t dst_bytes, const void* src,
                              std::size_t src_bytes);
   pending<void> launch_typed(const kernel& k, const launch_config& cfg,

@@ -13,6 +13,7 @@
 #include <system_error>
 #include <vector>
 
+#include "cora/error.hpp"
 #include "cora/launch.hpp"
 
 namespace cora::backend {
@@ -61,12 +62,16 @@ class module {
   virtual const std::vector<kernel_desc>& kernels() const = 0;
   /// Backend handle of kernel `index` (of kernels()), resolved once.
   virtual void* function(std::size_t index, std::error_code& ec, std::string& message) = 0;
+  /// The backend's own handle (CUmodule on CUDA; null where there is none).
+  virtual void* native_handle() const noexcept { return nullptr; }
 };
 
 /// Backend side of an event.
 class event {
  public:
   virtual ~event() = default;
+  /// The backend's own handle (CUevent on CUDA; null where there is none).
+  virtual void* native_handle() const noexcept { return nullptr; }
 };
 
 /// A marker's state as seen by a query.
@@ -128,6 +133,27 @@ class stream {
   virtual void release_marker(const marker& m) noexcept = 0;
   /// The failure behind a failed marker; clears it where the backend can go on.
   virtual fault take_fault() = 0;
+  /// The backend's own handle (CUstream on CUDA; null where there is none).
+  virtual void* native_handle() const noexcept { return nullptr; }
+  /// True for a stream adopted from another library (its destruction only lets go of it).
+  virtual bool borrowed() const noexcept { return false; }
+};
+
+/// What a backend knows of memory cora did not allocate (another library's allocation).
+struct foreign_memory {
+  enum class kind {
+    unknown,  // not the backend's: ordinary (pageable) host memory
+    device,   // device memory of this device (another allocator's, a stream-ordered pool's)
+    managed,  // managed memory, usable by host and device
+    host,     // pinned or registered host memory the device can reach
+  } k = kind::unknown;
+  std::uintptr_t base = 0;  // the allocation's bounds when the backend reports them, else 0
+  std::size_t size = 0;
+};
+
+/// Memory held by a backend's own pools.
+struct memory_counters {
+  std::size_t reserved = 0;  // bytes the device pool holds (in use or cached)
 };
 
 /// One device of a backend.
@@ -136,8 +162,33 @@ class device {
   virtual ~device() = default;
   virtual const device_info& info() const = 0;
 
+  /// Device memory usable by every stream once this returns. Never waits for device work
+  /// (CUDA: stream-ordered allocation from cora's pool on an internal idle stream).
   virtual void* alloc(std::size_t bytes, std::error_code& ec) = 0;
+  /// Frees device memory no op in flight uses any more (the core makes sure of that). Never
+  /// blocks (CUDA: a stream-ordered free).
   virtual void free(void* p) noexcept = 0;
+  /// What the backend's pools hold.
+  virtual memory_counters memory() const noexcept { return {}; }
+  /// Memory the device pool keeps cached when idle (bytes); set from runtime_options.
+  virtual void set_pool_release_threshold(std::size_t) noexcept {}
+  /// Returns cached pool memory beyond `keep` bytes to the system.
+  virtual void trim(std::size_t /*keep*/) noexcept {}
+  /// True where creating a stream may wait for the device (the core then keeps a pool of
+  /// created streams, filled on its own threads).
+  virtual bool pool_streams() const noexcept { return false; }
+  /// device_lost once the device is lost (pooled streams are then no longer handed out).
+  virtual std::error_code health() const noexcept { return {}; }
+  /// Describes memory cora did not allocate.
+  virtual foreign_memory describe_pointer(const void*) noexcept { return {}; }
+  /// The backend's own handle (the primary CUcontext on CUDA; null where there is none).
+  virtual void* native_handle() const noexcept { return nullptr; }
+  /// A stream around a foreign native stream that cora must never destroy; null with
+  /// errc::not_supported where the backend has no native streams.
+  virtual std::unique_ptr<stream> adopt_stream(void* /*native*/, marker_wakeup, std::error_code& ec) {
+    ec = make_error_code(errc::not_supported);
+    return nullptr;
+  }
   virtual void* alloc_host(std::size_t bytes, std::error_code& ec) = 0;
   virtual void free_host(void* p) noexcept = 0;
   /// True if `p` lies in address space this device reserves for device memory, allocated or

@@ -11,7 +11,10 @@ namespace cora {
 
 namespace detail {
 
-binary_state::~binary_state() = default;
+binary_state::~binary_state() {
+  // Unloading may wait for the device (cuModuleUnload): done on a cora thread.
+  retire_module(std::move(module));
+}
 
 std::shared_ptr<backend::module> binary_state::ensure_loaded(std::error_code& ec,
                                                              std::string& message) {
@@ -313,6 +316,7 @@ void binary::unload(std::error_code& ec) {
     }
     last = std::move(s_->module);
   }
+  detail::retire_module(std::move(last));
   ec.clear();
 }
 
@@ -323,5 +327,11 @@ void binary::unload() {
 }
 
 bool binary::loaded() const noexcept { return s_ && !s_->unloaded.load(std::memory_order_acquire); }
+
+void* binary::native_handle() const noexcept {
+  if (!s_) return nullptr;
+  std::lock_guard lock(s_->mutex);
+  return s_->module ? s_->module->native_handle() : nullptr;
+}
 
 }  // namespace cora

@@ -11,13 +11,10 @@ namespace cora {
 
 namespace detail {
 
-void free_device_memory(device_state& dev, void* p) noexcept {
-  if (dev.remove_allocation(p)) dev.backend->free(p);
-}
+void free_device_memory(device_state& dev, void* p) noexcept { dev.remove_allocation(p); }
 
 void free_host_memory(device_state& dev, void* p) noexcept {
-  device_state* owner = nullptr;
-  if (dev.runtime->remove_pinned(p, owner)) dev.backend->free_host(p);
+  if (alloc_record* r = dev.runtime->pinned.drop(p)) release_allocation(r);
 }
 
 namespace {
@@ -81,13 +78,24 @@ void* device::malloc(std::size_t bytes, std::error_code& ec) {
     detail::set_error(ec, errc::invalid_argument, "cannot allocate 0 bytes");
     return nullptr;
   }
+  // Counted before the backend allocates, so concurrent allocations never pass the limit.
+  const std::size_t limit = s_->runtime->options.device_memory_limit;
+  if (!s_->count_bytes(bytes, limit)) {
+    detail::set_error(ec, errc::out_of_memory,
+                      "cannot allocate " + std::to_string(bytes) + " bytes on " + s_->properties.name +
+                          ": the device memory limit of " + std::to_string(limit) +
+                          " bytes would be exceeded (" + std::to_string(s_->memory_in_use()) +
+                          " in use)");
+    return nullptr;
+  }
   void* p = s_->backend->alloc(bytes, ec);
   if (ec) {
+    s_->uncount_bytes(bytes);
     detail::set_error(ec, ec,
                       "cannot allocate " + std::to_string(bytes) + " bytes on " + s_->properties.name);
     return nullptr;
   }
-  s_->add_allocation(p, bytes);
+  s_->add_allocation(p, bytes, true);
   return p;
 }
 
@@ -104,7 +112,6 @@ void device::free(void* p, std::error_code& ec) {
                       "free of a pointer that is no live allocation of " + s_->properties.name);
     return;
   }
-  s_->backend->free(p);
   ec.clear();
 }
 
@@ -123,12 +130,11 @@ void* device::malloc_host(std::size_t bytes, std::error_code& ec) {
     detail::set_error(ec, errc::invalid_argument, "cannot allocate 0 bytes");
     return nullptr;
   }
-  void* p = s_->backend->alloc_host(bytes, ec);
+  void* p = s_->pinned_alloc(bytes, ec);
   if (ec) {
     detail::set_error(ec, ec, "cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory");
     return nullptr;
   }
-  s_->runtime->add_pinned(p, bytes, s_);
   return p;
 }
 
@@ -140,12 +146,12 @@ void* device::malloc_host(std::size_t bytes) {
 }
 
 void device::free_host(void* p, std::error_code& ec) {
-  detail::device_state* owner = nullptr;
-  if (!p || !s_->runtime->remove_pinned(p, owner)) {
+  detail::alloc_record* r = p ? s_->runtime->pinned.drop(p) : nullptr;
+  if (!r) {
     detail::set_error(ec, errc::invalid_pointer, "free_host of a pointer that is no pinned allocation");
     return;
   }
-  owner->backend->free_host(p);
+  detail::release_allocation(r);
   ec.clear();
 }
 
@@ -157,15 +163,39 @@ void device::free_host(void* p) {
 
 std::size_t device::memory_in_use() const noexcept { return s_->memory_in_use(); }
 
+cora::memory_stats device::memory_stats() const noexcept {
+  cora::memory_stats m;
+  m.device_in_use = s_->memory_in_use();
+  m.device_reserved = s_->backend->memory().reserved;
+  m.pinned_in_use = s_->pinned_in_use();
+  m.pinned_reserved = s_->pinned_reserved();
+  return m;
+}
+
+void device::trim_memory(std::size_t keep) noexcept { s_->trim_memory(keep); }
+
+void* device::native_handle() const noexcept { return s_->backend->native_handle(); }
+
 cora::stream device::make_stream(const stream_options& options) {
   if (s_->shut_down.load(std::memory_order_acquire))
     throw error(errc::runtime_shut_down, "the runtime was shut down");
   std::error_code ec;
+  auto bs = s_->take_stream(options.priority, ec);
+  if (ec) throw error(ec, "cannot create a stream on " + s_->properties.name);
+  return cora::stream(detail::intrusive_ptr<detail::completion_source>(
+      detail::make_intrusive<detail::stream_state>(state(), std::move(bs))));
+}
+
+cora::stream device::adopt_stream(void* native_stream) {
+  if (s_->shut_down.load(std::memory_order_acquire))
+    throw error(errc::runtime_shut_down, "the runtime was shut down");
+  if (!native_stream) throw error(errc::invalid_argument, "adopt_stream of a null stream");
+  std::error_code ec;
   const auto wakeup = s_->runtime->options.completion == completion_policy::callback
                           ? backend::marker_wakeup::host_callback
                           : backend::marker_wakeup::poll;
-  auto bs = s_->backend->create_stream(options.priority, wakeup, ec);
-  if (ec) throw error(ec, "cannot create a stream on " + s_->properties.name);
+  auto bs = s_->backend->adopt_stream(native_stream, wakeup, ec);
+  if (ec) throw error(ec, "cannot adopt a native stream on " + s_->properties.name);
   return cora::stream(detail::intrusive_ptr<detail::completion_source>(
       detail::make_intrusive<detail::stream_state>(state(), std::move(bs))));
 }

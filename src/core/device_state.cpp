@@ -1,45 +1,196 @@
 #include <algorithm>
 
 #include <asio/error.hpp>
+#include <asio/post.hpp>
 
+#include "core/host_pool.hpp"
 #include "core/state.hpp"
 
 namespace cora::detail {
 
 // ---------------------------------------------------------------------------------------------
+// allocation records
+
+alloc_table::~alloc_table() {
+  // Records still here belong to handles that outlived their device's table (the process is
+  // exiting, or a leak): nothing can free them any more.
+  for (auto& [a, r] : records_) delete r;
+}
+
+void alloc_table::insert(alloc_record* r) {
+  std::unique_lock lock(mutex_);
+  records_[r->base] = r;
+}
+
+alloc_record* alloc_table::drop(const void* p) {
+  std::unique_lock lock(mutex_);
+  auto it = records_.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == records_.end() || it->second->dropped.load(std::memory_order_relaxed)) return nullptr;
+  it->second->dropped.store(true, std::memory_order_release);
+  return it->second;
+}
+
+void alloc_table::erase(alloc_record* r) noexcept {
+  std::unique_lock lock(mutex_);
+  auto it = records_.find(r->base);
+  if (it != records_.end() && it->second == r) records_.erase(it);
+}
+
+bool alloc_table::find(const void* p, memory_region& out, memory_region::kind k, alloc_ref* ref) const {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::shared_lock lock(mutex_);
+  auto it = records_.upper_bound(a);
+  if (it == records_.begin()) return false;
+  --it;
+  alloc_record* r = it->second;
+  if (a >= r->base + r->size) return false;
+  out = {k, k == memory_region::kind::device ? r->owner : nullptr, r->base, r->size, r};
+  if (r->dropped.load(std::memory_order_acquire)) {
+    out.record = nullptr;  // freed by its handle; in-flight work alone keeps it
+    return true;
+  }
+  if (ref) {
+    // The record stays in the table, hence alive, while the lock is held; a count of zero
+    // means its last reference is going right now.
+    std::uint32_t n = r->refs.load(std::memory_order_relaxed);
+    do {
+      if (n == 0) {
+        out.record = nullptr;
+        return true;
+      }
+    } while (!r->refs.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel));
+    *ref = alloc_ref(r);
+  }
+  return true;
+}
+
+void release_allocation(alloc_record* r) noexcept {
+  if (r->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  r->owner->free_record(r);
+}
+
+void retire_module(std::shared_ptr<backend::module>&& m) noexcept {
+  if (!m) return;
+  // Another holder (a launch in flight, the binary) drops it later, through here too. A race
+  // between two last holders at worst unloads on one of their threads.
+  if (m.use_count() > 1) {
+    m.reset();
+    return;
+  }
+  try {
+    asio::post(host_pool(), [m = std::move(m)]() mutable { m.reset(); });
+  } catch (...) {
+  }
+  m.reset();
+}
+
+// ---------------------------------------------------------------------------------------------
 // runtime_core: pinned host memory of every device
 
 void runtime_core::add_pinned(void* p, std::size_t size, device_state* owner) {
-  std::unique_lock lock(pinned_mutex_);
-  pinned_[reinterpret_cast<std::uintptr_t>(p)] = {size, owner};
+  auto* r = new alloc_record;
+  r->base = reinterpret_cast<std::uintptr_t>(p);
+  r->size = size;
+  r->owner = owner;
+  r->from = alloc_record::origin::pinned_direct;
+  owner->add_pinned_in_use(static_cast<std::ptrdiff_t>(size));
+  pinned.insert(r);
 }
 
-bool runtime_core::remove_pinned(void* p, device_state*& owner) {
-  std::unique_lock lock(pinned_mutex_);
-  auto it = pinned_.find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == pinned_.end()) return false;
-  owner = it->second.second;
-  pinned_.erase(it);
-  return true;
+bool runtime_core::find_pinned(const void* p, memory_region& out, alloc_ref* ref) const {
+  return pinned.find(p, out, memory_region::kind::pinned_host, ref);
 }
 
-bool runtime_core::find_pinned(const void* p, memory_region& out) const {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  std::shared_lock lock(pinned_mutex_);
-  auto it = pinned_.upper_bound(a);
-  if (it == pinned_.begin()) return false;
-  --it;
-  if (a >= it->first + it->second.first) return false;
-  out = {memory_region::kind::pinned_host, nullptr, it->first, it->second.first};
-  return true;
-}
+// ---------------------------------------------------------------------------------------------
+// pinned slab pool
+
+/// Large pinned slabs, sub-allocated best fit. The backend's pinned allocation (which may wait
+/// for the device on CUDA) runs when the pool grows, and ahead of need on the host pool's
+/// threads, so that an allocation from a warm pool never calls the driver.
+struct device_state::pinned_pool {
+  static constexpr std::size_t granule = 256;
+
+  struct block {
+    std::size_t size;
+    std::size_t slab;  // index into slabs: blocks of different slabs never merge
+  };
+  struct slab {
+    std::byte* base = nullptr;
+    std::size_t size = 0;
+    std::size_t used = 0;
+  };
+
+  std::mutex mutex;
+  std::vector<slab> slabs;
+  std::map<std::uintptr_t, block> free;           // address ordered
+  std::multimap<std::size_t, std::uintptr_t> by_size;
+  std::map<std::uintptr_t, std::size_t> used;    // address -> slab index
+  std::size_t reserved = 0;
+  std::size_t free_bytes = 0;
+  bool growing = false;
+
+  void insert_free(std::uintptr_t a, std::size_t size, std::size_t s) {
+    free.emplace(a, block{size, s});
+    by_size.emplace(size, a);
+    free_bytes += size;
+  }
+  void erase_free(std::map<std::uintptr_t, block>::iterator it) {
+    for (auto [b, e] = by_size.equal_range(it->second.size); b != e; ++b)
+      if (b->second == it->first) {
+        by_size.erase(b);
+        break;
+      }
+    free_bytes -= it->second.size;
+    free.erase(it);
+  }
+  void add_slab(std::byte* base, std::size_t size) {
+    slabs.push_back({base, size, 0});
+    reserved += size;
+    insert_free(reinterpret_cast<std::uintptr_t>(base), size, slabs.size() - 1);
+  }
+  // Takes `size` bytes (a multiple of granule) from the free lists; 0 when nothing fits.
+  std::uintptr_t take(std::size_t size) {
+    auto it = by_size.lower_bound(size);
+    if (it == by_size.end()) return 0;
+    const std::uintptr_t a = it->second;
+    auto f = free.find(a);
+    const block b = f->second;
+    erase_free(f);
+    if (b.size > size) insert_free(a + size, b.size - size, b.slab);
+    used.emplace(a, b.slab);
+    slabs[b.slab].used += size;
+    return a;
+  }
+  void give_back(std::uintptr_t a, std::size_t size) {
+    auto u = used.find(a);
+    if (u == used.end()) return;
+    const std::size_t s = u->second;
+    used.erase(u);
+    slabs[s].used -= size;
+    auto next = free.lower_bound(a);
+    if (next != free.end() && next->first == a + size && next->second.slab == s) {
+      size += next->second.size;
+      auto n = next++;
+      erase_free(n);
+    }
+    if (next != free.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second.slab == s && prev->first + prev->second.size == a) {
+        a = prev->first;
+        size += prev->second.size;
+        erase_free(prev);
+      }
+    }
+    insert_free(a, size, s);
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // device_state
 
 device_state::device_state(std::shared_ptr<runtime_core> rt, std::unique_ptr<backend::device> dev,
                            std::size_t idx)
-    : runtime(std::move(rt)), backend(std::move(dev)), index(idx) {
+    : runtime(std::move(rt)), backend(std::move(dev)), index(idx), pinned_pool_(std::make_unique<pinned_pool>()) {
   const auto& info = backend->info();
   properties.name = info.name;
   properties.backend = info.backend == "cuda" ? backend_kind::cuda : backend_kind::cpu;
@@ -55,6 +206,7 @@ device_state::device_state(std::shared_ptr<runtime_core> rt, std::unique_ptr<bac
   properties.driver = info.driver;
   properties.pci_bus_id = info.pci_bus_id;
   properties.uuid = info.uuid;
+  backend->set_pool_release_threshold(runtime->options.pool_release_threshold);
   std::lock_guard lock(runtime->devices_mutex);
   runtime->devices.push_back(this);
 }
@@ -66,55 +218,185 @@ device_state::~device_state() {
     d.erase(std::remove(d.begin(), d.end(), this), d.end());
   }
   shutdown();
+  // Nothing refers to the device any more: no handle, stream or op holds pinned memory.
+  if (pinned_pool_) {
+    std::lock_guard lock(pinned_pool_->mutex);
+    for (auto& sl : pinned_pool_->slabs)
+      if (sl.base) backend->free_host(sl.base);
+    pinned_pool_->slabs.clear();
+  }
 }
 
-void device_state::add_allocation(void* p, std::size_t size) {
-  std::unique_lock lock(alloc_mutex_);
-  allocations_[reinterpret_cast<std::uintptr_t>(p)] = size;
-  in_use_ += size;
+void device_state::add_allocation(void* p, std::size_t size, bool counted) {
+  auto* r = new alloc_record;
+  r->base = reinterpret_cast<std::uintptr_t>(p);
+  r->size = size;
+  r->owner = this;
+  r->from = alloc_record::origin::device;
+  if (!counted) in_use_.fetch_add(size, std::memory_order_relaxed);
+  allocations_.insert(r);
+}
+
+bool device_state::count_bytes(std::size_t bytes, std::size_t limit) noexcept {
+  std::size_t now = in_use_.load(std::memory_order_relaxed);
+  do {
+    if (limit != 0 && (bytes > limit || now > limit - bytes)) return false;
+  } while (!in_use_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void device_state::uncount_bytes(std::size_t bytes) noexcept {
+  in_use_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 bool device_state::remove_allocation(void* p) {
-  std::unique_lock lock(alloc_mutex_);
-  auto it = allocations_.find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == allocations_.end()) return false;
-  in_use_ -= it->second;
-  allocations_.erase(it);
+  alloc_record* r = allocations_.drop(p);
+  if (!r) return false;
+  release_allocation(r);  // the handle's reference
   return true;
 }
 
-bool device_state::find_allocation(const void* p, memory_region& out) const {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  std::shared_lock lock(alloc_mutex_);
-  auto it = allocations_.upper_bound(a);
-  if (it == allocations_.begin()) return false;
-  --it;
-  if (a >= it->first + it->second) return false;
-  out = {memory_region::kind::device, const_cast<device_state*>(this), it->first, it->second};
-  return true;
+bool device_state::find_allocation(const void* p, memory_region& out, alloc_ref* ref) const {
+  return allocations_.find(p, out, memory_region::kind::device, ref);
 }
 
 std::size_t device_state::memory_in_use() const noexcept {
-  std::shared_lock lock(alloc_mutex_);
-  return in_use_;
+  return in_use_.load(std::memory_order_relaxed);
+}
+
+void device_state::free_record(alloc_record* r) noexcept {
+  void* p = reinterpret_cast<void*>(r->base);
+  switch (r->from) {
+    case alloc_record::origin::device:
+      allocations_.erase(r);
+      // Stream-ordered where the backend has it (CUDA: cuMemFreeAsync on cora's memory
+      // stream): never waits for the device.
+      backend->free(p);
+      in_use_.fetch_sub(r->size, std::memory_order_relaxed);
+      break;
+    case alloc_record::origin::pinned_direct:
+      runtime->pinned.erase(r);
+      backend->free_host(p);
+      add_pinned_in_use(-static_cast<std::ptrdiff_t>(r->size));
+      break;
+    case alloc_record::origin::pinned_pool: {
+      runtime->pinned.erase(r);
+      std::lock_guard lock(pinned_pool_->mutex);
+      pinned_pool_->give_back(r->base, r->size);
+      add_pinned_in_use(-static_cast<std::ptrdiff_t>(r->size));
+      break;
+    }
+  }
+  delete r;
+}
+
+namespace {
+constexpr std::size_t default_slab = std::size_t{4} << 20;
+constexpr std::size_t slab_round = std::size_t{2} << 20;
+}  // namespace
+
+void* device_state::pinned_alloc(std::size_t bytes, std::error_code& ec) {
+  auto& pool = *pinned_pool_;
+  const std::size_t size = (bytes + pinned_pool::granule - 1) / pinned_pool::granule * pinned_pool::granule;
+  const std::size_t limit = runtime->options.pinned_memory_limit;
+  std::uintptr_t a = 0;
+  bool prefetch = false;
+  {
+    std::lock_guard lock(pool.mutex);
+    a = pool.take(size);
+    if (a) {
+      // Running low: grow ahead of need on a cora thread, so the next allocations find room.
+      if (pool.free_bytes < default_slab / 2 && !pool.growing &&
+          (limit == 0 || pool.reserved + default_slab <= limit)) {
+        pool.growing = true;
+        pool.reserved += default_slab;  // counted from now, against the limit
+        prefetch = true;
+      }
+    }
+  }
+  if (!a) {
+    // Nothing fits: a slab of its own size (at least the default), allocated now.
+    const std::size_t slab = std::max(default_slab, (size + slab_round - 1) / slab_round * slab_round);
+    {
+      // Reserved before the backend allocates, so concurrent growth never passes the limit.
+      std::lock_guard lock(pool.mutex);
+      if (limit != 0 && pool.reserved + slab > limit) {
+        ec = make_error_code(errc::out_of_memory);
+        return nullptr;
+      }
+      pool.reserved += slab;
+    }
+    void* p = backend->alloc_host(slab, ec);
+    std::lock_guard lock(pool.mutex);
+    pool.reserved -= slab;
+    if (ec) return nullptr;
+    pool.add_slab(static_cast<std::byte*>(p), slab);
+    a = pool.take(size);
+    if (!a) {
+      ec = make_error_code(errc::out_of_memory);
+      return nullptr;
+    }
+  }
+  if (prefetch) {
+    try {
+      asio::post(host_pool(), [self = shared_from_this()] {
+        auto& pl = *self->pinned_pool_;
+        std::error_code e;
+        void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
+                                                                  : self->backend->alloc_host(default_slab, e);
+        std::lock_guard lock(pl.mutex);
+        pl.reserved -= default_slab;
+        if (p) pl.add_slab(static_cast<std::byte*>(p), default_slab);
+        pl.growing = false;
+      });
+    } catch (...) {
+      std::lock_guard lock(pool.mutex);
+      pool.reserved -= default_slab;
+      pool.growing = false;
+    }
+  }
+  auto* r = new alloc_record;
+  r->base = a;
+  r->size = size;
+  r->owner = this;
+  r->from = alloc_record::origin::pinned_pool;
+  add_pinned_in_use(static_cast<std::ptrdiff_t>(size));
+  runtime->pinned.insert(r);
+  ec.clear();
+  return reinterpret_cast<void*>(a);
+}
+
+std::size_t device_state::pinned_reserved() const noexcept {
+  std::lock_guard lock(pinned_pool_->mutex);
+  return pinned_pool_->reserved;
 }
 
 memory_region device_state::classify(const void* p, std::size_t bytes, std::error_code& ec) const {
+  return classify(p, bytes, ec, nullptr);
+}
+
+memory_region device_state::classify(const void* p, std::size_t bytes, std::error_code& ec,
+                                     alloc_ref* keep) const {
   memory_region r;
   if (!p) {
     set_error(ec, errc::invalid_pointer, "null pointer");
     return r;
   }
-  bool found = find_allocation(p, r);
+  bool found = find_allocation(p, r, keep);
   if (!found) {
     std::lock_guard lock(runtime->devices_mutex);
     for (device_state* d : runtime->devices)
-      if (d != this && d->find_allocation(p, r)) {
+      if (d != this && d->find_allocation(p, r, keep)) {
         found = true;
         break;
       }
   }
-  if (!found) found = runtime->find_pinned(p, r);
+  if (!found) found = runtime->find_pinned(p, r, keep);
+  if (found && !r.record) {
+    set_error(ec, errc::invalid_pointer,
+              "pointer lies in an allocation that was freed (in-flight work may still use it)");
+    return r;
+  }
   if (!found) {
     bool reserved = backend->owns_address(p);
     if (!reserved) {
@@ -126,11 +408,29 @@ memory_region device_state::classify(const void* p, std::size_t bytes, std::erro
                 "pointer lies in device memory but in no live allocation (freed?)");
       return r;
     }
-    ec.clear();
-    return {memory_region::kind::pageable_host, nullptr, reinterpret_cast<std::uintptr_t>(p), bytes};
+    // Memory cora did not allocate: the backend may know it (another library's device,
+    // managed or registered host memory).
+    const backend::foreign_memory f = backend->describe_pointer(p);
+    if (f.k == backend::foreign_memory::kind::unknown) {
+      ec.clear();
+      return {memory_region::kind::pageable_host, nullptr, reinterpret_cast<std::uintptr_t>(p), bytes};
+    }
+    r.k = f.k == backend::foreign_memory::kind::host ? memory_region::kind::pinned_host
+                                                      : memory_region::kind::device;
+    r.device = r.k == memory_region::kind::device ? const_cast<device_state*>(this) : nullptr;
+    if (f.size) {
+      r.base = f.base;
+      r.size = f.size;
+    } else {
+      // The driver reports no bounds: the range is taken as given.
+      r.base = reinterpret_cast<std::uintptr_t>(p);
+      r.size = bytes;
+    }
+    r.record = nullptr;
   }
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (bytes > r.base + r.size - a) {
+    if (keep) keep->reset();
     set_error(ec, errc::out_of_range,
               "range of " + std::to_string(bytes) + " bytes runs " +
                   std::to_string(bytes - (r.base + r.size - a)) +
@@ -139,6 +439,155 @@ memory_region device_state::classify(const void* p, std::size_t bytes, std::erro
   }
   ec.clear();
   return r;
+}
+
+void device_state::trim_memory(std::size_t keep) noexcept {
+  backend->trim(keep);
+  // Wholly free pinned slabs go back on a cora thread (the driver's free may wait).
+  std::vector<std::byte*> release;
+  {
+    std::lock_guard lock(pinned_pool_->mutex);
+    auto& pool = *pinned_pool_;
+    for (std::size_t i = 0; i < pool.slabs.size(); ++i) {
+      auto& sl = pool.slabs[i];
+      if (!sl.base || sl.used != 0) continue;
+      auto it = pool.free.find(reinterpret_cast<std::uintptr_t>(sl.base));
+      if (it == pool.free.end() || it->second.size != sl.size) continue;
+      pool.erase_free(it);
+      pool.reserved -= sl.size;
+      release.push_back(sl.base);
+      sl = {};  // a tombstone: slab indices stay valid
+    }
+  }
+  if (release.empty()) return;
+  try {
+    asio::post(host_pool(), [self = shared_from_this(), release = std::move(release)] {
+      for (std::byte* p : release) self->backend->free_host(p);
+    });
+  } catch (...) {
+  }
+}
+
+namespace {
+constexpr std::size_t stream_pool_size = 4;
+}  // namespace
+
+std::unique_ptr<backend::stream> device_state::take_stream(int priority, std::error_code& ec) {
+  const auto wakeup = runtime->options.completion == completion_policy::callback
+                          ? backend::marker_wakeup::host_callback
+                          : backend::marker_wakeup::poll;
+  if (!backend->pool_streams() || priority != 0) return backend->create_stream(priority, wakeup, ec);
+  if (auto h = backend->health()) {
+    ec = h;
+    return nullptr;
+  }
+  std::unique_ptr<backend::stream> s;
+  bool refill = false;
+  {
+    std::lock_guard lock(spare_mutex_);
+    if (!spare_streams_.empty()) {
+      s = std::move(spare_streams_.back());
+      spare_streams_.pop_back();
+    }
+    if (spare_streams_.size() < stream_pool_size / 2 && !refilling_) refill = refilling_ = true;
+  }
+  if (refill) {
+    try {
+      asio::post(host_pool(), [self = shared_from_this()] { self->refill_streams(); });
+    } catch (...) {
+      std::lock_guard lock(spare_mutex_);
+      refilling_ = false;
+    }
+  }
+  if (s) {
+    ec.clear();
+    return s;
+  }
+  return backend->create_stream(priority, wakeup, ec);  // the pool is empty: the first stream
+}
+
+void device_state::warm_up() noexcept {
+  {
+    std::lock_guard lock(pinned_pool_->mutex);
+    const std::size_t limit = runtime->options.pinned_memory_limit;
+    if (pinned_pool_->growing || (limit != 0 && default_slab > limit)) return;
+    pinned_pool_->growing = true;
+    pinned_pool_->reserved += default_slab;
+  }
+  if (backend->pool_streams()) {
+    std::lock_guard lock(spare_mutex_);
+    refilling_ = true;
+  }
+  try {
+    asio::post(host_pool(), [self = shared_from_this()] {
+      auto& pl = *self->pinned_pool_;
+      std::error_code e;
+      void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
+                                                                : self->backend->alloc_host(default_slab, e);
+      {
+        std::lock_guard lock(pl.mutex);
+        pl.reserved -= default_slab;
+        if (p) pl.add_slab(static_cast<std::byte*>(p), default_slab);
+        pl.growing = false;
+      }
+      if (self->backend->pool_streams()) self->refill_streams();
+    });
+  } catch (...) {
+    {
+      std::lock_guard lock(pinned_pool_->mutex);
+      pinned_pool_->reserved -= default_slab;
+      pinned_pool_->growing = false;
+    }
+    std::lock_guard lock(spare_mutex_);
+    refilling_ = false;
+  }
+}
+
+void device_state::refill_streams() noexcept {
+  const auto wakeup = runtime->options.completion == completion_policy::callback
+                          ? backend::marker_wakeup::host_callback
+                          : backend::marker_wakeup::poll;
+  for (;;) {
+    {
+      std::lock_guard lock(spare_mutex_);
+      if (spare_streams_.size() >= stream_pool_size || shut_down.load(std::memory_order_acquire)) {
+        refilling_ = false;
+        return;
+      }
+    }
+    std::error_code ec;
+    std::unique_ptr<backend::stream> s;
+    try {
+      s = backend->create_stream(0, wakeup, ec);
+    } catch (...) {
+      ec = make_error_code(errc::out_of_memory);
+    }
+    std::lock_guard lock(spare_mutex_);
+    if (ec || !s) {
+      refilling_ = false;
+      return;
+    }
+    try {
+      spare_streams_.push_back(std::move(s));
+    } catch (...) {
+      refilling_ = false;
+      return;
+    }
+  }
+}
+
+void device_state::retire_stream(std::unique_ptr<backend::stream> s) noexcept {
+  if (!s) return;
+  // An adopted stream belongs to its library, which may destroy it as soon as cora's handle
+  // is gone: let go of it now (that waits for nothing).
+  if (s->borrowed()) return;
+  try {
+    // The handler owns the stream; should posting fail, it is destroyed here instead.
+    asio::post(host_pool(), [self = shared_from_this(), s = std::shared_ptr<backend::stream>(std::move(s))]() mutable {
+      s.reset();
+    });
+  } catch (...) {
+  }
 }
 
 void device_state::add_stream(stream_state* s) {
@@ -178,6 +627,13 @@ void device_state::shutdown() noexcept {
   // ops) completes with runtime_shut_down; work it cannot (GPU kernels) runs on, and what it
   // uses stays alive with the streams, which the engine thread releases once they are idle.
   // Nothing here waits for the device.
+  {
+    std::vector<std::unique_ptr<backend::stream>> spare;
+    {
+      std::lock_guard lock(spare_mutex_);
+      spare.swap(spare_streams_);
+    }
+  }
   backend->shutdown();
 }
 

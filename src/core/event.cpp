@@ -73,4 +73,8 @@ std::chrono::duration<double, std::milli> event::elapsed(const event& start, con
   return d;
 }
 
+void* event::native_handle() const noexcept {
+  return s_ && s_->backend ? s_->backend->native_handle() : nullptr;
+}
+
 }  // namespace cora

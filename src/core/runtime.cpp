@@ -61,6 +61,17 @@ void apply_environment(runtime_options& o) {
     if (!end || *end || n == 0 || n > 64) bad_env("CORA_CPU_DEVICES", v, "a device count (1 to 64)");
     o.cpu_devices = static_cast<unsigned>(n);
   }
+  const auto bytes = [](const char* name, std::size_t& out) {
+    if (auto v = env(name); !v.empty()) {
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+      if (!end || *end || v[0] == '-') bad_env(name, v, "a byte count");
+      out = static_cast<std::size_t>(n);
+    }
+  };
+  bytes("CORA_DEVICE_MEMORY_LIMIT", o.device_memory_limit);
+  bytes("CORA_PINNED_MEMORY_LIMIT", o.pinned_memory_limit);
+  bytes("CORA_POOL_RELEASE_THRESHOLD", o.pool_release_threshold);
 }
 
 }  // namespace
@@ -113,7 +124,8 @@ runtime::runtime(runtime_options options) : impl_(std::make_unique<impl>()) {
   }
   for (std::size_t i = 0; i < found.size(); ++i) {
     auto st = std::make_shared<detail::device_state>(impl_->core, std::move(found[i]), i);
-    impl_->devices.push_back(std::move(st));
+    impl_->devices.push_back(st);
+    st->warm_up();
   }
   const std::size_t def = options.default_device.value_or(0);
   if (def >= impl_->devices.size())

@@ -35,7 +35,8 @@ staging_arena::slice staging_arena::take(device_state& dev, std::size_t bytes, s
   c.size = std::max(chunk_size, need);
   c.device = static_cast<std::byte*>(dev.backend->alloc(c.size, ec));
   if (ec) return {};
-  c.host = static_cast<std::byte*>(dev.backend->alloc_host(c.size, ec));
+  // Pinned memory from the device's slab pool: no driver call once the pool is warm.
+  c.host = static_cast<std::byte*>(dev.pinned_alloc(c.size, ec));
   if (ec) {
     dev.backend->free(c.device);
     return {};
@@ -49,7 +50,7 @@ staging_arena::slice staging_arena::take(device_state& dev, std::size_t bytes, s
 void staging_arena::release(device_state& dev) noexcept {
   for (auto& c : chunks_) {
     dev.backend->free(c.device);
-    dev.backend->free_host(c.host);
+    free_host_memory(dev, c.host);
   }
   chunks_.clear();
 }

@@ -1,6 +1,7 @@
 // The core's private state behind the public handles.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -37,12 +39,77 @@ void throw_if(const std::error_code& ec);
 /// A pending that has already failed; reported on `stream` if dropped unobserved.
 op_handle failed_op(std::error_code ec, std::string message, stream_state* stream);
 
+/// One allocation cora knows about: device memory, pinned host memory, or foreign memory the
+/// backend recognised. Reference counted: the user's handle holds one reference and every op in
+/// flight that uses the memory holds one; the memory is freed when the last one goes, so
+/// dropping a handle never frees memory that in-flight work still uses (DESIGN rule 7).
+struct alloc_record {
+  enum class origin : std::uint8_t {
+    device,         // backend->alloc
+    pinned_direct,  // backend->alloc_host, freed with backend->free_host
+    pinned_pool,    // carved from the device's pinned slab pool
+  };
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  device_state* owner = nullptr;
+  origin from = origin::device;
+  std::atomic<std::uint32_t> refs{1};
+  std::atomic<bool> dropped{false};  // the handle is gone: classify refuses new uses
+};
+
+/// An owning reference to an alloc_record (what an op's keep-alive holds). Never allocates.
+class alloc_ref {
+ public:
+  alloc_ref() noexcept = default;
+  explicit alloc_ref(alloc_record* r) noexcept : r_(r) {}  // adopts a reference
+  alloc_ref(alloc_ref&& o) noexcept : r_(std::exchange(o.r_, nullptr)) {}
+  alloc_ref& operator=(alloc_ref&& o) noexcept {
+    if (this != &o) {
+      reset();
+      r_ = std::exchange(o.r_, nullptr);
+    }
+    return *this;
+  }
+  ~alloc_ref() { reset(); }
+  void reset() noexcept;
+  alloc_record* get() const noexcept { return r_; }
+  explicit operator bool() const noexcept { return r_ != nullptr; }
+
+ private:
+  alloc_record* r_ = nullptr;
+};
+
+/// Drops one reference; the last one frees the memory (stream-ordered where the backend has
+/// stream-ordered frees, never blocking).
+void release_allocation(alloc_record* r) noexcept;
+inline void alloc_ref::reset() noexcept {
+  if (r_) release_allocation(std::exchange(r_, nullptr));
+}
+
 /// What an address is, as far as the runtime knows.
 struct memory_region {
   enum class kind { device, pinned_host, pageable_host } k = kind::pageable_host;
   device_state* device = nullptr;  // for device memory
   std::uintptr_t base = 0;
   std::size_t size = 0;
+  alloc_record* record = nullptr;  // the allocation, when cora tracks it (not owned)
+};
+
+/// An address-ordered table of allocation records (lookups by any address inside).
+class alloc_table {
+ public:
+  ~alloc_table();
+  void insert(alloc_record* r);
+  /// Removes and returns the live (not dropped) record at exactly `p`, marking it dropped.
+  alloc_record* drop(const void* p);
+  /// Erases `r` (its last reference went).
+  void erase(alloc_record* r) noexcept;
+  /// The live record containing `p`; with `ref`, takes a reference to it.
+  bool find(const void* p, memory_region& out, memory_region::kind k, alloc_ref* ref) const;
+
+ private:
+  mutable std::shared_mutex mutex_;
+  std::map<std::uintptr_t, alloc_record*> records_;
 };
 
 /// State shared by a runtime's devices.
@@ -52,14 +119,11 @@ class runtime_core {
   std::vector<device_state*> devices;  // registered by device_state, guarded by devices_mutex
   std::mutex devices_mutex;
 
-  /// Pinned host allocations of every device.
+  /// Pinned host allocations of every device. add_pinned registers memory the caller got from
+  /// backend->alloc_host (freed with backend->free_host when its last reference goes).
   void add_pinned(void* p, std::size_t size, device_state* owner);
-  bool remove_pinned(void* p, device_state*& owner);
-  bool find_pinned(const void* p, memory_region& out) const;
-
- private:
-  mutable std::shared_mutex pinned_mutex_;
-  std::map<std::uintptr_t, std::pair<std::size_t, device_state*>> pinned_;
+  bool find_pinned(const void* p, memory_region& out, alloc_ref* ref = nullptr) const;
+  alloc_table pinned;
 };
 
 class device_state : public std::enable_shared_from_this<device_state> {
@@ -78,15 +142,50 @@ class device_state : public std::enable_shared_from_this<device_state> {
   std::atomic<bool> shut_down{false};
 
   // Allocation table: device memory of this device.
-  void add_allocation(void* p, std::size_t size);
+  /// Registers device memory from backend->alloc; `counted`: its bytes were already counted
+  /// by count_bytes.
+  void add_allocation(void* p, std::size_t size, bool counted = false);
+  /// Counts `bytes` as in use unless that would pass `limit` (0: none); false then.
+  bool count_bytes(std::size_t bytes, std::size_t limit) noexcept;
+  void uncount_bytes(std::size_t bytes) noexcept;
+  /// Drops the handle's reference of the device allocation at `p`; false if there is none.
   bool remove_allocation(void* p);
-  bool find_allocation(const void* p, memory_region& out) const;
+  /// Marks the allocation at `p` dropped and hands over the handle's reference (null if none).
+  alloc_record* drop_allocation(void* p) { return allocations_.drop(p); }
+  bool find_allocation(const void* p, memory_region& out, alloc_ref* ref = nullptr) const;
+  /// Device memory allocated and not yet freed (including memory whose handle was dropped but
+  /// that in-flight work still uses), in bytes.
   std::size_t memory_in_use() const noexcept;
+  /// Pinned host memory handed out (pool and direct), in bytes.
+  std::size_t pinned_in_use() const noexcept { return pinned_in_use_.load(std::memory_order_relaxed); }
+  /// Called by release_allocation when the last reference of a record of this device goes.
+  void free_record(alloc_record* r) noexcept;
+  /// Pinned memory from the device's slab pool (`bytes` > 0); null with ec set on failure.
+  void* pinned_alloc(std::size_t bytes, std::error_code& ec);
+  std::size_t pinned_reserved() const noexcept;
+  void add_pinned_in_use(std::ptrdiff_t d) noexcept {
+    pinned_in_use_.fetch_add(static_cast<std::size_t>(d), std::memory_order_relaxed);
+  }
 
   /// Classifies [p, p + bytes): device memory of some device of the runtime, pinned host memory,
   /// or other host memory. Fails with invalid_pointer / out_of_range for null pointers, freed
   /// device memory and ranges that run past an allocation.
   memory_region classify(const void* p, std::size_t bytes, std::error_code& ec) const;
+  /// As above; when the memory is a tracked allocation, `keep` receives a reference to it (for
+  /// the keep-alive of the op that will use it).
+  memory_region classify(const void* p, std::size_t bytes, std::error_code& ec, alloc_ref* keep) const;
+
+  /// Fills the stream pool and the first pinned slab on a cora thread (called once the device
+  /// is owned by a shared_ptr), so that the first calls find them ready.
+  void warm_up() noexcept;
+  /// Returns cached memory: device pool memory beyond `keep`, wholly free pinned slabs.
+  void trim_memory(std::size_t keep) noexcept;
+
+  /// A backend stream for a new stream: from the pool of created streams where the backend's
+  /// creation may wait for the device (CUDA), else created now.
+  std::unique_ptr<backend::stream> take_stream(int priority, std::error_code& ec);
+  /// Destroys a drained backend stream on a cora thread (never on the caller's).
+  void retire_stream(std::unique_ptr<backend::stream> s) noexcept;
 
   // Streams, for device-wide synchronization and shutdown.
   void add_stream(stream_state* s);
@@ -101,9 +200,15 @@ class device_state : public std::enable_shared_from_this<device_state> {
   void on_shutdown(std::function<void()> fn);
 
  private:
-  mutable std::shared_mutex alloc_mutex_;
-  std::map<std::uintptr_t, std::size_t> allocations_;
-  std::size_t in_use_ = 0;
+  alloc_table allocations_;
+  std::atomic<std::size_t> in_use_{0};
+  std::atomic<std::size_t> pinned_in_use_{0};
+  struct pinned_pool;
+  std::unique_ptr<pinned_pool> pinned_pool_;
+  void refill_streams() noexcept;
+  std::mutex spare_mutex_;
+  std::vector<std::unique_ptr<backend::stream>> spare_streams_;
+  bool refilling_ = false;
   std::mutex streams_mutex_;
   std::set<stream_state*> streams_;
   std::mutex hooks_mutex_;
@@ -170,6 +275,100 @@ class fifo_ring {
   std::size_t size_ = 0;
 };
 
+class binary_state;
+
+/// Drops a reference to a module; the last one unloads it on a cora thread (unloading may wait
+/// for the device).
+void retire_module(std::shared_ptr<backend::module>&& m) noexcept;
+
+/// What an op keeps alive until it completes (DESIGN rule 7): the module and kernel of a launch,
+/// the allocations its pointers lie in, anything else. Holding one costs reference counts only:
+/// the usual op (a module, a kernel, up to four allocations) needs no heap allocation.
+struct op_keep {
+  static constexpr std::size_t inline_refs = 4;
+
+  op_keep() noexcept = default;
+  template <class T>
+  op_keep(std::shared_ptr<T> a) noexcept : any(std::move(a)) {}  // NOLINT
+  op_keep(std::nullptr_t) noexcept {}                                     // NOLINT
+  op_keep(op_keep&& o) noexcept { *this = std::move(o); }
+  op_keep& operator=(op_keep&& o) noexcept {
+    if (this != &o) {
+      any = std::move(o.any);
+      module = std::move(o.module);
+      kernel = std::move(o.kernel);
+      for (std::size_t i = 0; i < inline_refs; ++i) refs[i] = std::move(o.refs[i]);
+      n_refs = std::exchange(o.n_refs, 0);
+      more.swap(o.more);  // keeps both capacities, allocation-free
+      o.more.clear();
+    }
+    return *this;
+  }
+
+  /// Adds a reference to an allocation (a no-op for an empty one).
+  void add(alloc_ref r) {
+    if (!r) return;
+    if (n_refs < inline_refs)
+      refs[n_refs++] = std::move(r);
+    else
+      more.push_back(std::move(r));
+  }
+  bool empty() const noexcept { return !any && !module && !kernel && n_refs == 0; }
+  void clear() noexcept {
+    any.reset();
+    kernel.reset();
+    if (module) retire_module(std::move(module));
+    for (std::size_t i = 0; i < n_refs; ++i) refs[i].reset();
+    n_refs = 0;
+    more.clear();
+  }
+
+  std::shared_ptr<const void> any;
+  std::shared_ptr<backend::module> module;
+  std::shared_ptr<const kernel_state> kernel;
+  std::array<alloc_ref, inline_refs> refs;
+  std::size_t n_refs = 0;
+  std::vector<alloc_ref> more;  // a fifth allocation and beyond (rare)
+};
+
+/// The keep-alives of a stream's ops in flight, oldest first: a ring that only grows, so once
+/// warm, pushing and popping allocate nothing.
+class keep_ring {
+ public:
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return size_; }
+  std::uint64_t front_seq() const noexcept { return buf_[head_].seq; }
+  void push(std::uint64_t seq, op_keep&& k);
+  /// Moves the oldest entry's contents into `out` and pops it.
+  void pop_into(op_keep& out) noexcept;
+
+ private:
+  struct entry {
+    std::uint64_t seq = 0;
+    op_keep keep;
+  };
+  std::vector<entry> buf_;  // capacity: a power of two
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
+/// Finished ops' keep-alives, released outside the stream's lock. A thread reuses its list, so
+/// releasing allocates nothing once warm.
+class keep_drop {
+ public:
+  keep_drop() noexcept;
+  ~keep_drop();
+  keep_drop(const keep_drop&) = delete;
+  keep_drop& operator=(const keep_drop&) = delete;
+  op_keep& next();
+  /// Releases what was collected (call outside the lock).
+  void release() noexcept;
+
+ private:
+  std::vector<op_keep> items_;
+  std::size_t used_ = 0;
+};
+
 class stream_state final : public completion_source {
  public:
   static constexpr std::uint64_t sync_bit = std::uint64_t{1} << 63;
@@ -185,14 +384,16 @@ class stream_state final : public completion_source {
   /// Enqueues one op: `submit(seq, ec, message)` calls the backend. `keep` stays alive until
   /// the op has completed. Returns the op's handle, or a failed one.
   template <class Submit>
-  op_handle enqueue(Submit&& submit, std::shared_ptr<const void> keep = {});
+  op_handle enqueue(Submit&& submit, op_keep keep = {});
 
   /// Enqueues several backend calls as one op position (e.g. a placeholder copy + launch);
   /// used by launches that stage data first.
   std::mutex& enqueue_mutex() noexcept { return mutex_; }
   std::uint64_t next_seq_locked() const noexcept { return last_seq_ + 1; }
   void note_marker_for_tail_locked();
-  void commit_locked(std::uint64_t seq, std::shared_ptr<const void> keep);
+  void commit_locked(std::uint64_t seq, op_keep keep);
+  /// Keeps `keep` alive until everything enqueued so far has completed (stream::free).
+  void keep_until_tail(op_keep keep);
   std::uint64_t completed_position() const noexcept { return completed_.load(std::memory_order_acquire); }
   staging_arena& arena() noexcept { return arena_; }
 
@@ -238,10 +439,9 @@ class stream_state final : public completion_source {
   std::error_code result_locked(std::uint64_t seq, bool sync) noexcept;
   void link_locked(wait_node& node);
   void unlink_locked(wait_node& node) noexcept;
-  void release_keepalive_locked(std::vector<std::shared_ptr<const void>>& out);
-  bool poll_locked(std::vector<wait_node*>& fired, std::vector<std::shared_ptr<const void>>& drop);
+  bool poll_locked(std::vector<wait_node*>& fired, keep_drop& drop);
   /// Advances `completed` past completed markers and releases finished ops' keep-alives.
-  bool advance_locked(std::vector<std::shared_ptr<const void>>& drop);
+  bool advance_locked(keep_drop& drop);
 
   mutable std::mutex mutex_;
   std::uint64_t last_seq_ = 0;
@@ -253,7 +453,7 @@ class stream_state final : public completion_source {
   std::atomic<std::uint64_t> error_seq_{~std::uint64_t{0}};
   std::error_code error_;
   std::string error_message_;
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
+  keep_ring keepalive_;
   std::size_t trim_at_ = 256;  // keep-alive count that makes an enqueue observe progress
   staging_arena arena_;
   // Learning op durations for the hybrid policy.
@@ -282,7 +482,7 @@ class host_func_scope {
 };
 
 template <class Submit>
-op_handle stream_state::enqueue(Submit&& submit, std::shared_ptr<const void> keep) {
+op_handle stream_state::enqueue(Submit&& submit, op_keep keep) {
   std::error_code ec;
   std::string message;
   std::unique_lock lock(mutex_);

@@ -56,11 +56,6 @@ bool check_config(const detail::device_state& dev, const launch_config& cfg, std
   return true;
 }
 
-struct launch_keep {
-  std::shared_ptr<backend::module> module;
-  std::shared_ptr<detail::kernel_state> kernel;
-};
-
 }  // namespace
 
 stream::stream(detail::intrusive_ptr<detail::completion_source> s) noexcept : s_(std::move(s)) {}
@@ -89,6 +84,32 @@ cora::device& stream::device() const {
 
 bool stream::idle() const { return !s_ || st()->query_idle(); }
 
+void* stream::native_handle() const noexcept { return s_ ? st()->backend->native_handle() : nullptr; }
+
+void* stream::alloc_raw(std::size_t bytes, std::shared_ptr<detail::device_state>& owner,
+                        std::error_code& ec) {
+  if (!s_) {
+    detail::set_error(ec, errc::invalid_handle, "empty stream handle");
+    return nullptr;
+  }
+  owner = st()->device;
+  return st()->device->handle.malloc(bytes, ec);
+}
+
+void stream::free_after(detail::device_state* owner, void* p, bool host) noexcept {
+  if (!p || !owner) return;
+  detail::alloc_record* r = host ? owner->runtime->pinned.drop(p) : owner->drop_allocation(p);
+  if (!r) return;
+  detail::alloc_ref ref(r);  // the handle's reference, now tied to this stream's tail
+  if (!s_) return;
+  try {
+    detail::op_keep keep;
+    keep.add(std::move(ref));
+    st()->keep_until_tail(std::move(keep));
+  } catch (...) {
+  }
+}
+
 // --- copies ---------------------------------------------------------------------------------
 
 pending<void> stream::copy(void* dst, const void* src, std::size_t bytes) {
@@ -96,21 +117,28 @@ pending<void> stream::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return done_op();
   auto& dev = *st()->device;
   std::error_code ec;
-  const memory_region d = dev.classify(dst, bytes, ec);
+  // The op holds the allocations it touches until it completes (DESIGN rule 7).
+  detail::op_keep keep;
+  detail::alloc_ref ref;
+  const memory_region d = dev.classify(dst, bytes, ec, &ref);
   if (ec) return fail(ec.value() == static_cast<int>(errc::invalid_pointer)
                           ? make_error_code(errc::invalid_pointer)
                           : ec,
                       st());
-  const memory_region s = dev.classify(src, bytes, ec);
+  keep.add(std::move(ref));
+  const memory_region s = dev.classify(src, bytes, ec, &ref);
   if (ec) return fail(ec, st());
+  keep.add(std::move(ref));
   for (const memory_region* r : {&d, &s})
     if (r->k == memory_region::kind::device && r->device->properties.backend != dev.properties.backend)
       return fail(errc::wrong_device, "copy involves memory of " + r->device->properties.name +
                                           ", which this stream's device cannot reach", st());
   const bool pageable = s.k == memory_region::kind::pageable_host;
-  return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
-    st()->backend->copy(seq, dst, src, bytes, pageable);
-  }));
+  return pending<void>(st()->enqueue(
+      [&](std::uint64_t seq, std::error_code&, std::string&) {
+        st()->backend->copy(seq, dst, src, bytes, pageable);
+      },
+      std::move(keep)));
 }
 
 pending<void> stream::copy_checked(void* dst, std::size_t dst_bytes, const void* src,
@@ -127,11 +155,16 @@ pending<void> stream::fill(void* dst, std::uint8_t value, std::size_t bytes) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (bytes == 0) return done_op();
   std::error_code ec;
-  st()->device->classify(dst, bytes, ec);
+  detail::alloc_ref ref;
+  st()->device->classify(dst, bytes, ec, &ref);
   if (ec) return fail(ec, st());
-  return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
-    st()->backend->fill(seq, dst, value, bytes);
-  }));
+  detail::op_keep keep;
+  keep.add(std::move(ref));
+  return pending<void>(st()->enqueue(
+      [&](std::uint64_t seq, std::error_code&, std::string&) {
+        st()->backend->fill(seq, dst, value, bytes);
+      },
+      std::move(keep)));
 }
 
 // --- launches -------------------------------------------------------------------------------
@@ -142,7 +175,7 @@ namespace detail {
 // any) and the launch, as one position in the stream.
 pending<void> launch_block(stream_state* s, const kernel& k, const launch_config& cfg,
                            std::span<const std::byte> block, std::span<const placeholder_info> phs,
-                           const void* device_block) {
+                           const void* device_block, alloc_ref device_block_ref = {}) {
   auto& dev = *s->device;
   const auto& ks = k.state();
   std::error_code ec;
@@ -163,7 +196,23 @@ pending<void> launch_block(stream_state* s, const kernel& k, const launch_config
   std::span<const std::byte> params = block.first(std::min(block.size(), ks->args_size));
   if (!phs.empty()) patched.assign(params.begin(), params.end());
 
-  auto keep = std::make_shared<launch_keep>(launch_keep{std::move(module), ks});
+  // What the launch holds until it completes: its module and kernel, and every allocation a
+  // pointer-sized parameter points into (a value that merely looks like such an address only
+  // keeps that memory a little longer). No heap allocation for the usual launch.
+  op_keep keep;
+  keep.module = std::move(module);
+  keep.kernel = ks;
+  keep.add(std::move(device_block_ref));
+  for (const auto& p : ks->params) {
+    if (p.size != sizeof(void*) || p.offset + sizeof(void*) > params.size()) continue;
+    const void* ptr;
+    std::memcpy(&ptr, params.data() + p.offset, sizeof(ptr));
+    if (!ptr) continue;
+    memory_region r;
+    alloc_ref ref;
+    if (dev.find_allocation(ptr, r, &ref) || dev.runtime->find_pinned(ptr, r, &ref))
+      keep.add(std::move(ref));
+  }
   backend::launch_desc desc;
   desc.function = ks->function;
   desc.kernel = ks->desc;
@@ -194,7 +243,7 @@ pending<void> launch_block(stream_state* s, const kernel& k, const launch_config
         }
         s->backend->launch(seq, desc, e, m);
       },
-      keep));
+      std::move(keep)));
 }
 
 }  // namespace detail
@@ -323,11 +372,12 @@ pending<void> stream::launch_device_block(const kernel& k, const launch_config& 
                     "-byte argument block; " + std::to_string(bytes) + " bytes given",
                 st());
   std::error_code ec;
-  const auto r = st()->device->classify(device_block, bytes, ec);
+  detail::alloc_ref ref;
+  const auto r = st()->device->classify(device_block, bytes, ec, &ref);
   if (ec) return fail(ec, st());
   if (r.k != detail::memory_region::kind::device || r.device != st()->device.get())
     return fail(errc::invalid_pointer, "the argument block is not in this device's memory", st());
-  return detail::launch_block(st(), k, cfg, {}, {}, device_block);
+  return detail::launch_block(st(), k, cfg, {}, {}, device_block, std::move(ref));
 }
 
 // --- ordering -------------------------------------------------------------------------------

@@ -10,28 +10,6 @@ namespace {
 constexpr std::size_t keepalive_trim = 256;
 }
 
-namespace {
-// What finished ops kept alive, released outside the stream's lock. Reused per thread so that
-// a steady poll allocates nothing; a release may run code that polls again (a nested use gets
-// a fresh vector).
-struct drop_list {
-  std::vector<std::shared_ptr<const void>>& get() {
-    static thread_local std::vector<std::shared_ptr<const void>> cached;
-    static thread_local bool in_use = false;
-    if (in_use) return own;
-    in_use = true;
-    taken = &in_use;
-    return cached;
-  }
-  ~drop_list() {
-    if (taken) *taken = false;
-  }
-  std::vector<std::shared_ptr<const void>> own;
-  bool* taken = nullptr;
-};
-
-void release_all(std::vector<std::shared_ptr<const void>>& drop) noexcept { drop.clear(); }
-}  // namespace
 
 stream_state::stream_state(std::shared_ptr<device_state> dev, std::unique_ptr<backend::stream> bs)
     : device(std::move(dev)),
@@ -45,11 +23,15 @@ stream_state::~stream_state() {
   // Only reached when nothing refers to the stream any more, so its ops were waited for (or
   // drained by the engine). Wait anyway before destroying the backend stream.
   drain(clock::now() + std::chrono::seconds(30));
-  std::lock_guard lock(mutex_);
-  markers_.for_each([&](marker_rec& m) { backend->release_marker(m.m); });
-  markers_.clear();
-  arena_.release(*device);
-  device->remove_stream(this);
+  {
+    std::lock_guard lock(mutex_);
+    markers_.for_each([&](marker_rec& m) { backend->release_marker(m.m); });
+    markers_.clear();
+    arena_.release(*device);
+    device->remove_stream(this);
+  }
+  // Destroying a driver stream may wait for the device: done on a cora thread.
+  device->retire_stream(std::move(backend));
 }
 
 void stream_state::record_marker_locked(std::uint64_t seq) {
@@ -64,21 +46,84 @@ void stream_state::note_marker_for_tail_locked() {
     record_marker_locked(last_seq_);
 }
 
-void stream_state::commit_locked(std::uint64_t seq, std::shared_ptr<const void> keep) {
+// ---------------------------------------------------------------------------------------------
+// keep-alives
+
+void keep_ring::push(std::uint64_t seq, op_keep&& k) {
+  if (size_ == buf_.size()) {
+    // Grow (the only allocation): unroll into a buffer twice the size.
+    std::vector<entry> bigger(buf_.empty() ? 64 : buf_.size() * 2);
+    for (std::size_t i = 0; i < size_; ++i) bigger[i] = std::move(buf_[(head_ + i) & (buf_.size() - 1)]);
+    buf_.swap(bigger);
+    head_ = 0;
+  }
+  entry& e = buf_[(head_ + size_) & (buf_.size() - 1)];
+  e.seq = seq;
+  e.keep = std::move(k);
+  ++size_;
+}
+
+void keep_ring::pop_into(op_keep& out) noexcept {
+  out = std::move(buf_[head_].keep);
+  head_ = (head_ + 1) & (buf_.size() - 1);
+  --size_;
+}
+
+namespace {
+// Each thread's spare list of released keep-alives (capacity kept between uses).
+thread_local std::vector<op_keep> spare_drop;
+}  // namespace
+
+keep_drop::keep_drop() noexcept : items_(std::move(spare_drop)) { spare_drop.clear(); }
+
+keep_drop::~keep_drop() {
+  release();
+  // Hand the capacity back unless a nested release already left a larger list.
+  if (items_.capacity() > spare_drop.capacity()) spare_drop = std::move(items_);
+}
+
+op_keep& keep_drop::next() {
+  if (used_ == items_.size()) items_.emplace_back();
+  return items_[used_++];
+}
+
+void keep_drop::release() noexcept {
+  // Releasing may drop the last reference of another stream (whose destructor polls): each
+  // nested poll takes its own list.
+  for (std::size_t i = 0; i < used_; ++i) items_[i].clear();
+  used_ = 0;
+}
+
+void stream_state::commit_locked(std::uint64_t seq, op_keep keep) {
   last_seq_ = seq;
   tail_watch_.store(seq, std::memory_order_release);
-  if (!keep) return;
-  keepalive_.emplace_back(seq, std::move(keep));
+  if (keep.empty()) return;
+  keepalive_.push(seq, std::move(keep));
   if (keepalive_.size() < trim_at_) return;
   // Nobody has waited on this stream for a while: observe its progress so that what finished
   // ops kept alive is released. Waiters are left to their pollers.
   if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
-  std::vector<std::shared_ptr<const void>> drop;
+  keep_drop drop;
   advance_locked(drop);
   trim_at_ = keepalive_.size() + keepalive_trim;
   mutex_.unlock();  // finished ops' resources are released without the lock
-  drop.clear();
+  drop.release();
   mutex_.lock();
+}
+
+void stream_state::keep_until_tail(op_keep keep) {
+  if (keep.empty()) return;
+  keep_drop drop;
+  {
+    std::lock_guard lock(mutex_);
+    if (completed_.load(std::memory_order_relaxed) >= last_seq_) {
+      drop.next() = std::move(keep);  // nothing in flight: release now, outside the lock
+    } else {
+      // Tied to the last op so far; a marker there lets a later poll see it complete.
+      if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
+      keepalive_.push(last_seq_, std::move(keep));
+    }
+  }
 }
 
 void stream_state::mark(std::uint64_t seq) {
@@ -214,7 +259,7 @@ bool stream_state::disarm(wait_node& node) noexcept {
   return true;
 }
 
-bool stream_state::advance_locked(std::vector<std::shared_ptr<const void>>& drop) {
+bool stream_state::advance_locked(keep_drop& drop) {
   bool progress = false;
   const auto now = clock::now();
   while (!markers_.empty()) {
@@ -256,16 +301,12 @@ bool stream_state::advance_locked(std::vector<std::shared_ptr<const void>>& drop
     progress = true;
   }
   const std::uint64_t done = completed_.load(std::memory_order_relaxed);
-  while (!keepalive_.empty() && keepalive_.front().first <= done) {
-    drop.push_back(std::move(keepalive_.front().second));
-    keepalive_.pop_front();
-  }
+  while (!keepalive_.empty() && keepalive_.front_seq() <= done) keepalive_.pop_into(drop.next());
   if (keepalive_.size() < keepalive_trim) trim_at_ = keepalive_trim;
   return progress;
 }
 
-bool stream_state::poll_locked(std::vector<wait_node*>& fired,
-                               std::vector<std::shared_ptr<const void>>& drop) {
+bool stream_state::poll_locked(std::vector<wait_node*>& fired, keep_drop& drop) {
   const std::size_t fired_before = fired.size();
   const bool progress = advance_locked(drop);
   const std::uint64_t done = completed_.load(std::memory_order_relaxed);
@@ -282,14 +323,13 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired,
 
 
 bool stream_state::poll(std::vector<wait_node*>& fired) {
-  drop_list list;
-  auto& drop = list.get();
+  keep_drop drop;
   bool progress;
   {
     std::lock_guard lock(mutex_);
     progress = poll_locked(fired, drop);
   }
-  release_all(drop);  // finished ops' resources go here, outside the lock
+  drop.release();  // finished ops' resources go here, outside the lock
   return progress;
 }
 
@@ -325,14 +365,13 @@ host_func_scope::~host_func_scope() { current_host_func = outer_; }
 const host_func_scope* host_func_scope::current() noexcept { return current_host_func; }
 
 bool stream_state::advance() {
-  drop_list list;
-  auto& drop = list.get();
+  keep_drop drop;
   bool progress;
   {
     std::lock_guard lock(mutex_);
     progress = advance_locked(drop);
   }
-  release_all(drop);  // finished ops' resources go here, outside the lock
+  drop.release();  // finished ops' resources go here, outside the lock
   return progress;
 }
 

@@ -64,9 +64,53 @@ cuda_device::cuda_device(std::shared_ptr<context> ctx, device_info info, launch_
                          marker_mode mode)
     : ctx_(std::move(ctx)), info_(std::move(info)), limits_(limits), mode_(mode) {
   label_ = "CUDA device " + std::to_string(info_.ordinal) + " (" + info_.name + ")";
+  // Created when the runtime starts, before any kernel of cora's runs.
+  const auto& api = ctx_->api;
+  current_context cur(*ctx_);
+  if (!cur) return;
+  if (attribute(api, ctx_->device, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) == 0) return;
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = static_cast<int>(info_.ordinal);
+  if (api.cuMemPoolCreate(&pool_, &props) != CUDA_SUCCESS) {
+    pool_ = nullptr;
+    return;
+  }
+  // Memory freed on one stream is reused by another only once its free has completed: the
+  // driver must never make an allocation wait for other streams' work.
+  int no = 0;
+  api.cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &no);
+  if (api.cuStreamCreateWithPriority(&memory_stream_, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS) {
+    api.cuMemPoolDestroy(pool_);
+    pool_ = nullptr;
+    memory_stream_ = nullptr;
+  }
 }
 
-cuda_device::~cuda_device() = default;
+cuda_device::~cuda_device() {
+  shutdown();
+  if (!pool_) return;
+  current_context cur(*ctx_);
+  // Nothing cora handed out is left (the core frees every allocation first); the driver
+  // releases a pool with outstanding memory once that memory is freed anyway.
+  ctx_->api.cuStreamDestroy(memory_stream_);
+  ctx_->api.cuMemPoolDestroy(pool_);
+}
+
+void cuda_device::shutdown() noexcept {
+  std::lock_guard lock(alloc_mutex_);
+  if (!memory_stream_) return;
+  current_context cur(*ctx_);
+  // Frees still queued complete first; the pool itself stays (memory handed out may still be
+  // freed later, stream-ordered on the default stream then).
+  ctx_->api.cuStreamSynchronize(memory_stream_);
+}
+
+std::error_code cuda_device::health() const noexcept {
+  return ctx_->lost() ? make_error_code(errc::device_lost) : std::error_code();
+}
 
 std::error_code cuda_device::fail(CUresult r) noexcept {
   if (ctx_->note(r)) return make_error_code(errc::device_lost);
@@ -76,7 +120,23 @@ std::error_code cuda_device::fail(CUresult r) noexcept {
 void* cuda_device::alloc(std::size_t bytes, std::error_code& ec) {
   current_context cur(*ctx_);
   CUdeviceptr p = 0;
-  const CUresult r = cur ? ctx_->api.cuMemAlloc(&p, bytes) : cur.result;
+  CUresult r = cur.result;
+  if (cur && pool_) {
+    // The internal stream runs only allocations and frees, whose memory no op uses any more,
+    // so its synchronize returns as soon as the allocation is made: it never waits for a
+    // kernel. After it, every stream may use the memory.
+    std::lock_guard lock(alloc_mutex_);
+    r = ctx_->api.cuMemAllocFromPoolAsync(&p, bytes, pool_, memory_stream_);
+    if (r == CUDA_SUCCESS) {
+      r = ctx_->api.cuStreamSynchronize(memory_stream_);
+      if (r != CUDA_SUCCESS) {
+        ctx_->api.cuMemFreeAsync(p, memory_stream_);
+        p = 0;
+      }
+    }
+  } else if (cur) {
+    r = ctx_->api.cuMemAlloc(&p, bytes);
+  }
   if (r != CUDA_SUCCESS) {
     ec = fail(r);
     return nullptr;
@@ -88,8 +148,70 @@ void* cuda_device::alloc(std::size_t bytes, std::error_code& ec) {
 void cuda_device::free(void* p) noexcept {
   if (!p) return;
   current_context cur(*ctx_);
-  ctx_->api.cuMemFree(reinterpret_cast<CUdeviceptr>(p));
+  // The core frees only memory that no op in flight uses: a stream-ordered free on the
+  // internal stream is ready at once, and returns without waiting.
+  if (pool_)
+    ctx_->api.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), memory_stream_);
+  else
+    ctx_->api.cuMemFree(reinterpret_cast<CUdeviceptr>(p));
 }
+
+memory_counters cuda_device::memory() const noexcept {
+  memory_counters m;
+  if (!pool_) return m;
+  current_context cur(*ctx_);
+  cuuint64_t v = 0;
+  if (cur && ctx_->api.cuMemPoolGetAttribute(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS)
+    m.reserved = static_cast<std::size_t>(v);
+  return m;
+}
+
+void cuda_device::set_pool_release_threshold(std::size_t bytes) noexcept {
+  if (!pool_) return;
+  current_context cur(*ctx_);
+  cuuint64_t v = bytes;
+  if (cur) ctx_->api.cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+}
+
+void cuda_device::trim(std::size_t keep) noexcept {
+  if (!pool_) return;
+  current_context cur(*ctx_);
+  if (cur) ctx_->api.cuMemPoolTrimTo(pool_, keep);
+}
+
+foreign_memory cuda_device::describe_pointer(const void* p) noexcept {
+  foreign_memory out;
+  current_context cur(*ctx_);
+  if (!cur) return out;
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  unsigned int type = 0;
+  unsigned int managed = 0;  // CUDA writes a bool-sized value; zeroed so either width reads right
+  int ordinal = -1;
+  CUdeviceptr start = 0;
+  std::size_t size = 0;
+  void* data[] = {&type, &managed, &ordinal, &start, &size};
+  // CUDA 12+ answers CUDA_ERROR_INVALID_VALUE for memory the driver does not know (pageable
+  // host memory); older drivers succeed with a zero memory type.
+  const CUresult r = ctx_->api.cuPointerGetAttributes(5, attrs, data, reinterpret_cast<CUdeviceptr>(p));
+  if (r != CUDA_SUCCESS || type == 0) return out;
+  if (managed & 0xff)
+    out.k = foreign_memory::kind::managed;
+  else if (type == CU_MEMORYTYPE_HOST)
+    out.k = foreign_memory::kind::host;
+  else if (type == CU_MEMORYTYPE_DEVICE && ordinal == static_cast<int>(info_.ordinal))
+    out.k = foreign_memory::kind::device;
+  else
+    return out;  // another device's memory: not usable here without peer access
+  if (start != 0 && size != 0) {
+    out.base = static_cast<std::uintptr_t>(start);
+    out.size = size;
+  }
+  return out;
+}
+
+void* cuda_device::native_handle() const noexcept { return ctx_->handle; }
 
 void* cuda_device::alloc_host(std::size_t bytes, std::error_code& ec) {
   current_context cur(*ctx_);
@@ -132,15 +254,34 @@ std::unique_ptr<stream> cuda_device::create_stream(int priority, marker_wakeup w
     ec = fail(r);
     return nullptr;
   }
+  return wrap_stream(s, true, wakeup, ec);
+}
+
+std::unique_ptr<stream> cuda_device::adopt_stream(void* native, marker_wakeup wakeup, std::error_code& ec) {
+  if (ctx_->lost()) {
+    ec = make_error_code(errc::device_lost);
+    return nullptr;
+  }
+  current_context cur(*ctx_);
+  if (!cur) {
+    ec = fail(cur.result);
+    return nullptr;
+  }
+  return wrap_stream(static_cast<CUstream>(native), false, wakeup, ec);
+}
+
+std::unique_ptr<stream> cuda_device::wrap_stream(CUstream s, bool owned, marker_wakeup wakeup,
+                                                 std::error_code& ec) {
+  CUresult r = CUDA_SUCCESS;
   const marker_mode mode = wakeup == marker_wakeup::host_callback ? marker_mode::callback : mode_;
   auto markers = make_marker_source(mode, ctx_, s, r);
   if (!markers) {
-    ctx_->api.cuStreamDestroy(s);
+    if (owned) ctx_->api.cuStreamDestroy(s);
     ec = fail(r);
     return nullptr;
   }
   ec.clear();
-  return std::make_unique<cuda_stream>(*this, s, std::move(markers));
+  return std::make_unique<cuda_stream>(*this, s, std::move(markers), owned);
 }
 
 std::unique_ptr<event> cuda_device::create_event(bool timing, std::error_code& ec) {

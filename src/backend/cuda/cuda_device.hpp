@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "backend/backend.hpp"
@@ -20,6 +21,7 @@ struct cuda_event final : event {
   cuda_event(std::shared_ptr<context> c, CUevent e, bool t) noexcept
       : ctx(std::move(c)), handle(e), timing(t) {}
   ~cuda_event() override;
+  void* native_handle() const noexcept override { return handle; }
   std::shared_ptr<context> ctx;
   CUevent handle;
   bool timing;
@@ -42,6 +44,14 @@ class cuda_device final : public device {
   void free(void* p) noexcept override;
   void* alloc_host(std::size_t bytes, std::error_code& ec) override;
   void free_host(void* p) noexcept override;
+  memory_counters memory() const noexcept override;
+  void set_pool_release_threshold(std::size_t bytes) noexcept override;
+  void trim(std::size_t keep) noexcept override;
+  foreign_memory describe_pointer(const void* p) noexcept override;
+  void* native_handle() const noexcept override;
+  std::unique_ptr<stream> adopt_stream(void* native, marker_wakeup wakeup, std::error_code& ec) override;
+  bool pool_streams() const noexcept override { return true; }
+  std::error_code health() const noexcept override;
   bool owns_address(const void*) const noexcept override { return false; }
   void copy_sync(void* dst, const void* src, std::size_t bytes, std::error_code& ec) override;
   std::unique_ptr<stream> create_stream(int priority, marker_wakeup wakeup,
@@ -55,7 +65,7 @@ class cuda_device final : public device {
   std::uint64_t markers_recorded() const override {
     return markers_.load(std::memory_order_relaxed);
   }
-  void shutdown() noexcept override {}
+  void shutdown() noexcept override;
 
   // Used by streams.
   const std::shared_ptr<context>& ctx() const noexcept { return ctx_; }
@@ -66,6 +76,15 @@ class cuda_device final : public device {
 
  private:
   std::error_code fail(CUresult r) noexcept;
+  std::unique_ptr<stream> wrap_stream(CUstream s, bool owned, marker_wakeup wakeup, std::error_code& ec);
+
+  // Device memory: a pool of cora's own (never the device's default pool, which other
+  // libraries share), allocated and freed in stream order on an internal stream that runs
+  // nothing else, so synchronizing it never waits for other work. Null pool: the device has
+  // no memory pools, and cuMemAlloc/cuMemFree are used (they may wait for the device).
+  CUmemoryPool pool_ = nullptr;
+  CUstream memory_stream_ = nullptr;
+  std::mutex alloc_mutex_;
 
   std::shared_ptr<context> ctx_;
   device_info info_;

@@ -36,6 +36,15 @@ namespace cora::backend::cuda {
   X(cuMemGetInfo, 3020)                \
   X(cuMemAlloc, 3020)                  \
   X(cuMemFree, 3020)                   \
+  X(cuMemAllocManaged, 6000)           \
+  X(cuMemPoolCreate, 11020)            \
+  X(cuMemPoolDestroy, 11020)           \
+  X(cuMemPoolSetAttribute, 11020)      \
+  X(cuMemPoolGetAttribute, 11020)      \
+  X(cuMemPoolTrimTo, 11020)            \
+  X(cuMemAllocFromPoolAsync, 11020)    \
+  X(cuMemFreeAsync, 11020)             \
+  X(cuPointerGetAttributes, 7000)      \
   X(cuMemHostAlloc, 2020)              \
   X(cuMemFreeHost, 2000)               \
   X(cuMemHostGetDevicePointer, 3020)   \

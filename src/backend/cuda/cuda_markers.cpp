@@ -1,5 +1,6 @@
 #include "backend/cuda/cuda_markers.hpp"
 
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -73,21 +74,79 @@ class event_markers final : public marker_source {
 
 // --- counter markers -------------------------------------------------------------------------
 
+/// Counter slots (one cache line each) carved from mapped pinned slabs of 64 KiB, so that a new
+/// stream needs no cuMemHostAlloc of its own (which waits for the device) once a slab has room.
+/// Slabs live as long as the process: a slot may be written by the device until its stream
+/// has drained, and slots are few.
+class slot_pool {
+ public:
+  static constexpr std::size_t slot_bytes = 64;
+  static constexpr std::size_t slab_bytes = 64 * 1024;
+
+  struct slot {
+    std::uint32_t* host = nullptr;
+    CUdeviceptr device = 0;
+  };
+
+  static slot_pool& of(const context& ctx) {
+    static std::mutex mutex;
+    static auto* pools = new std::map<CUcontext, slot_pool*>();
+    std::lock_guard lock(mutex);
+    auto& p = (*pools)[ctx.handle];
+    if (!p) p = new slot_pool();
+    return *p;
+  }
+
+  CUresult take(const context& ctx, slot& out) {
+    std::lock_guard lock(mutex_);
+    if (free_.empty()) {
+      void* p = nullptr;
+      CUresult r = ctx.api.cuMemHostAlloc(&p, slab_bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+      if (r != CUDA_SUCCESS) return r;
+      CUdeviceptr d = 0;
+      r = ctx.api.cuMemHostGetDevicePointer(&d, p, 0);
+      if (r != CUDA_SUCCESS) {
+        ctx.api.cuMemFreeHost(p);
+        return r;
+      }
+      for (std::size_t off = 0; off < slab_bytes; off += slot_bytes)
+        free_.push_back({reinterpret_cast<std::uint32_t*>(static_cast<std::byte*>(p) + off), d + off});
+    }
+    out = free_.back();
+    free_.pop_back();
+    __atomic_store_n(out.host, 0u, __ATOMIC_RELEASE);  // a new stream's positions start at 1
+    return CUDA_SUCCESS;
+  }
+
+  void give_back(const slot& s) noexcept {
+    std::lock_guard lock(mutex_);
+    try {
+      free_.push_back(s);
+    } catch (...) {
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<slot> free_;
+};
+
 class counter_markers final : public marker_source {
  public:
   counter_markers(std::shared_ptr<context> ctx, CUstream stream) : ctx_(std::move(ctx)), stream_(stream) {}
 
   CUresult init() {
-    void* p = nullptr;
-    CUresult r = ctx_->api.cuMemHostAlloc(&p, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    slot_pool::slot s;
+    const CUresult r = slot_pool::of(*ctx_).take(*ctx_, s);
     if (r != CUDA_SUCCESS) return r;
-    slot_ = static_cast<std::uint32_t*>(p);
-    *slot_ = 0;
-    return ctx_->api.cuMemHostGetDevicePointer(&device_slot_, p, 0);
+    slot_ = s.host;
+    device_slot_ = s.device;
+    return CUDA_SUCCESS;
   }
 
   ~counter_markers() override {
-    if (slot_ && free_slot_) ctx_->api.cuMemFreeHost(slot_);
+    // A slot the device may still write is never reused.
+    if (slot_ && free_slot_) slot_pool::of(*ctx_).give_back({slot_, device_slot_});
   }
 
   CUresult record(std::uint64_t seq, marker& out) override {

@@ -38,6 +38,7 @@ class cuda_module final : public module {
 
   const std::vector<kernel_desc>& kernels() const override { return kernels_; }
   void* function(std::size_t index, std::error_code& ec, std::string& message) override;
+  void* native_handle() const noexcept override { return module_; }
 
  private:
   explicit cuda_module(std::shared_ptr<context> ctx) noexcept : ctx_(std::move(ctx)) {}

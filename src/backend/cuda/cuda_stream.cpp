@@ -61,10 +61,12 @@ void stream_faults::record(std::uint64_t seq, std::error_code ec, std::string me
   first.store(seq, std::memory_order_release);
 }
 
-cuda_stream::cuda_stream(cuda_device& device, CUstream handle, std::unique_ptr<marker_source> markers)
+cuda_stream::cuda_stream(cuda_device& device, CUstream handle, std::unique_ptr<marker_source> markers,
+                         bool owned)
     : device_(device),
       ctx_(device.ctx()),
       stream_(handle),
+      owned_(owned),
       markers_(std::move(markers)),
       faults_(std::make_shared<stream_faults>()) {}
 
@@ -74,8 +76,9 @@ cuda_stream::~cuda_stream() {
   const bool done = ctx_->lost() || ctx_->api.cuStreamQuery(stream_) == CUDA_SUCCESS;
   markers_->retire(done);
   markers_.reset();
-  // Returns at once; the driver frees the stream when its work is done.
-  ctx_->api.cuStreamDestroy(stream_);
+  // Returns at once; the driver frees the stream when its work is done. An adopted stream
+  // belongs to its library.
+  if (owned_) ctx_->api.cuStreamDestroy(stream_);
 }
 
 std::string cuda_stream::lost_detail() const {

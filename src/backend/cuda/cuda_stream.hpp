@@ -32,7 +32,9 @@ struct stream_faults {
 
 class cuda_stream final : public stream {
  public:
-  cuda_stream(cuda_device& device, CUstream handle, std::unique_ptr<marker_source> markers);
+  /// `owned`: false for a stream adopted from another library, which is never destroyed.
+  cuda_stream(cuda_device& device, CUstream handle, std::unique_ptr<marker_source> markers,
+              bool owned = true);
   ~cuda_stream() override;
 
   void copy(std::uint64_t seq, void* dst, const void* src, std::size_t bytes,
@@ -51,6 +53,8 @@ class cuda_stream final : public stream {
   fault take_fault() override;
 
   CUstream handle() const noexcept { return stream_; }
+  void* native_handle() const noexcept override { return stream_; }
+  bool borrowed() const noexcept override { return !owned_; }
 
  private:
   /// False (with the op failed) when the context was lost before this op.
@@ -61,6 +65,7 @@ class cuda_stream final : public stream {
   cuda_device& device_;
   std::shared_ptr<context> ctx_;
   CUstream stream_;
+  bool owned_ = true;
   std::unique_ptr<marker_source> markers_;
   std::shared_ptr<stream_faults> faults_;
   std::atomic<std::uint64_t> last_failed_{0};  // the marker query() last found failed

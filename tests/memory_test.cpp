@@ -1,0 +1,405 @@
+// Memory and resources never make a caller wait for the device, and never hand memory that
+// in-flight work still uses to someone else (DESIGN rule 7).
+#include "cora/memory.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "core/state.hpp"
+#include "support/alloc_counter.hpp"
+#include "support/device_fixture.hpp"
+
+namespace cora::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+class memory_test : public device_test {
+ protected:
+  // A kernel that holds its stream until release(): `done` stays 0 while it spins. The
+  // flags are pinned host memory the kernel reads and writes directly.
+  struct spinner {
+    host_buffer<std::uint32_t> go, done;
+    cora::stream stream;
+    pending<void> run;
+    void release() { __atomic_store_n(&go[0], 1u, __ATOMIC_RELEASE); }
+    std::uint32_t state() const { return __atomic_load_n(&done[0], __ATOMIC_ACQUIRE); }
+  };
+  spinner spin() {
+    spinner sp;
+    sp.go = dev().alloc_host<std::uint32_t>(1);
+    sp.done = dev().alloc_host<std::uint32_t>(1);
+    sp.go[0] = 0;
+    sp.done[0] = 0;
+    sp.stream = dev().make_stream();
+    // 20 s at most: a test that fails to release it still ends.
+    sp.run = sp.stream.launch(kernels().kernel("spin_until_set"), {}, sp.go.data(), sp.done.data(),
+                              std::uint64_t{20'000'000});
+    return sp;
+  }
+};
+CORA_DEVICE_SUITE(memory_test);
+
+// Each call is made on the thread that launched a kernel that spins until told to stop; the
+// kernel's done flag, still 0 afterwards, shows that no call waited for it.
+TEST_P(memory_test, NoResourceCallWaitsForAnUnrelatedKernel) {
+  auto unused = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  auto other = dev().make_stream();
+  auto sp = spin();
+
+  {
+    auto d = dev().alloc<float>(1 << 20);
+    EXPECT_NE(d.data(), nullptr);
+  }  // dropping it
+  {
+    auto h = dev().alloc_host<float>(1 << 18);
+    h[0] = 1;
+  }
+  void* raw = dev().malloc(4096);
+  dev().free(raw);
+  void* raw_host = dev().malloc_host(4096);
+  dev().free_host(raw_host);
+  {
+    auto s = dev().make_stream();
+    auto e = dev().make_event();
+  }  // stream and event destroyed
+  unused = cora::binary();  // the last handle of a binary no launch uses
+  {
+    // A small copy that brings its own buffers, on another stream, waited for.
+    auto h = dev().alloc_host<std::uint8_t>(4096);
+    auto d = dev().alloc<std::uint8_t>(4096);
+    for (std::size_t i = 0; i < 4096; ++i) h[i] = static_cast<std::uint8_t>(i);
+    other.copy(d, h);
+    auto back = dev().alloc_host<std::uint8_t>(4096);
+    other.copy(back, d).wait();
+    EXPECT_EQ(back[4095], static_cast<std::uint8_t>(4095));
+  }
+  (void)dev().memory_stats();
+  dev().trim_memory();
+
+  EXPECT_EQ(sp.state(), 0u) << "a call waited for the spinning kernel";
+  sp.release();
+  sp.run.wait();
+  EXPECT_EQ(sp.state(), 1u);
+}
+
+// A kernel writes a pattern into B at its end; B is dropped at once. Buffers allocated and
+// filled while the kernel runs must never be B's memory, and the kernel's writes land.
+TEST_P(memory_test, DroppedBufferIsNotReusedWhileAKernelStillWritesIt) {
+  constexpr std::size_t n = 4096;
+  constexpr std::uint32_t pattern = 0x5eed1234u;
+  auto s = dev().make_stream();
+  auto go = dev().alloc_host<std::uint32_t>(1);
+  go[0] = 0;
+  auto seen = dev().alloc_host<std::uint32_t>(n);
+  auto b = dev().alloc<std::uint32_t>(n);
+  const auto b_addr = reinterpret_cast<std::uintptr_t>(b.data());
+  const auto in_use = dev().memory_in_use();
+  auto k = s.launch(kernels().kernel("spin_then_fill"), {.block = 1}, go.data(), b, std::uint64_t{n},
+                    pattern, std::uint64_t{20'000'000});
+  auto copied = s.copy(seen, b);  // ordered after the kernel
+  b.reset();
+  // Still counted: the kernel and the copy hold it.
+  EXPECT_EQ(dev().memory_in_use(), in_use);
+
+  auto other = dev().make_stream();
+  std::vector<device_buffer<std::uint32_t>> fresh;
+  for (int i = 0; i < 16; ++i) {
+    auto f = dev().alloc<std::uint32_t>(n);
+    const auto a = reinterpret_cast<std::uintptr_t>(f.data());
+    EXPECT_TRUE(a + n * 4 <= b_addr || a >= b_addr + n * 4) << "B's memory was handed out again";
+    other.fill(f, 0).wait();
+    if (i % 2) fresh.push_back(std::move(f));  // half kept, half dropped at once
+  }
+  __atomic_store_n(&go[0], 1u, __ATOMIC_RELEASE);
+  k.wait();
+  copied.wait();
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], pattern) << "the kernel's write " << i;
+  auto back = dev().alloc_host<std::uint32_t>(n);
+  for (auto& f : fresh) {
+    other.copy(back, f).wait();
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 0u) << "a new buffer got the pattern";
+  }
+  s.synchronize().wait();
+  other.synchronize().wait();
+  EXPECT_EQ(dev().memory_in_use(), in_use - n * 4 + fresh.size() * n * 4);
+}
+
+// The same through a coroutine whose wait loses a race against a timer: it returns, dropping
+// its buffer, while the kernel runs on (rule 6).
+TEST_P(memory_test, CancelledWaitDropsItsBufferSafely) {
+  using namespace asio::experimental::awaitable_operators;
+  constexpr std::size_t n = 4096;
+  constexpr std::uint32_t pattern = 0xfeedf00du;
+  auto s = dev().make_stream();
+  auto go = dev().alloc_host<std::uint32_t>(1);
+  go[0] = 0;
+  std::uintptr_t b_addr = 0;
+  pending<void> kernel_done;
+  bool timer_won = false;
+  asio::io_context ctx;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        auto b = dev().alloc<std::uint32_t>(n);
+        b_addr = reinterpret_cast<std::uintptr_t>(b.data());
+        auto k = s.launch(kernels().kernel("spin_then_fill"), {.block = 1}, go.data(), b,
+                          std::uint64_t{n}, pattern, std::uint64_t{20'000'000});
+        kernel_done = s.synchronize();
+        asio::steady_timer timer(ctx, 10ms);
+        auto r = co_await (k.async_wait(asio::use_awaitable) || timer.async_wait(asio::use_awaitable));
+        timer_won = r.index() == 1;
+        co_return;  // drops b
+      },
+      asio::detached);
+  ctx.run();
+  ASSERT_TRUE(timer_won);
+  auto other = dev().make_stream();
+  std::vector<device_buffer<std::uint32_t>> fresh;
+  for (int i = 0; i < 8; ++i) {
+    fresh.push_back(dev().alloc<std::uint32_t>(n));
+    const auto a = reinterpret_cast<std::uintptr_t>(fresh.back().data());
+    EXPECT_TRUE(a + n * 4 <= b_addr || a >= b_addr + n * 4) << "B's memory was handed out again";
+    other.fill(fresh.back(), 0).wait();
+  }
+  __atomic_store_n(&go[0], 1u, __ATOMIC_RELEASE);
+  kernel_done.wait();
+  auto back = dev().alloc_host<std::uint32_t>(n);
+  for (auto& f : fresh) {
+    other.copy(back, f).wait();
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 0u) << "a new buffer got the pattern";
+  }
+}
+
+// A timer races a kernel that runs until released (`||`), beside coroutines that allocate and
+// free their own buffers on the same threads. The race ends with the timer while the kernel
+// still runs: no allocation or free on those threads waited for the kernel.
+TEST_P(memory_test, TimerWinsARaceBesideCoroutinesThatAllocate) {
+  using namespace asio::experimental::awaitable_operators;
+  auto sp = spin();
+  asio::io_context ctx;
+  std::atomic<std::uint32_t> state_at_timer{99};
+  std::atomic<int> rounds{0};
+  std::atomic<bool> stop{false};
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        asio::steady_timer timer(ctx, 10ms);
+        co_await (sp.run.async_wait(asio::use_awaitable) || timer.async_wait(asio::use_awaitable));
+        state_at_timer = sp.state();
+        stop = true;
+      },
+      asio::detached);
+  for (int c = 0; c < 32; ++c)
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+          auto s = dev().make_stream();
+          while (!stop) {
+            auto d = dev().alloc<float>(1 << 14);
+            auto h = dev().alloc_host<float>(1 << 14);
+            co_await s.fill(d, 0).async_wait(asio::use_awaitable);
+            co_await s.copy(h, d).async_wait(asio::use_awaitable);
+            ++rounds;
+          }
+        },
+        asio::detached);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { ctx.run(); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(state_at_timer.load(), 0u) << "the timer's branch finished only after the kernel";
+  EXPECT_GT(rounds.load(), 0);
+  sp.release();
+  sp.run.wait();
+}
+
+// stream.free ties the free to the stream's tail: the memory stays in use until the stream's
+// earlier work completes, and the call does not wait for it.
+TEST_P(memory_test, StreamFreeWaitsForTheStreamNotTheCaller) {
+  auto sp = spin();
+  auto b = dev().alloc<std::uint32_t>(1024);
+  const auto in_use = dev().memory_in_use();
+  sp.stream.free(std::move(b));
+  EXPECT_FALSE(b);
+  EXPECT_EQ(dev().memory_in_use(), in_use);
+  EXPECT_EQ(sp.state(), 0u);
+  sp.release();
+  sp.stream.synchronize().wait();
+  EXPECT_EQ(dev().memory_in_use(), in_use - 1024 * 4);
+}
+
+// stream.alloc completes without waiting for the stream's earlier work; stream.free pairs with it.
+TEST_P(memory_test, StreamAllocDoesNotWaitForEarlierWork) {
+  auto sp = spin();
+  auto b = sp.stream.alloc<std::uint32_t>(256).wait();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b.size(), 256u);
+  EXPECT_EQ(sp.state(), 0u);
+  sp.stream.fill(b, 7);
+  sp.stream.free(std::move(b));
+  try {
+    (void)sp.stream.alloc<std::uint32_t>(0).wait();
+    ADD_FAILURE() << "a 0-element allocation succeeded";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+  }
+  sp.release();
+  sp.run.wait();
+}
+
+// Freed memory is refused by later ops even while in-flight work still holds it.
+TEST_P(memory_test, DroppedBufferIsRefusedByLaterOps) {
+  auto sp = spin();
+  auto b = dev().alloc<std::uint32_t>(16);
+  auto* p = b.data();
+  sp.stream.fill(b, 0);
+  b.reset();
+  auto s = dev().make_stream();
+  std::error_code ec;
+  try {
+    s.fill(p, 0, 64).wait();
+  } catch (const error& e) {
+    ec = e.code();
+  }
+  EXPECT_EQ(ec, make_error_code(errc::invalid_pointer));
+  sp.release();
+  sp.run.wait();
+}
+
+// Alloc/free cycles leave nothing behind.
+TEST_P(memory_test, TenThousandCyclesLeaveTheStatsWhereTheyWere) {
+  auto s = dev().make_stream();
+  s.synchronize().wait();
+  const auto before = dev().memory_stats();
+  for (int i = 0; i < 10000; ++i) {
+    auto d = dev().alloc<std::uint32_t>(64 + i % 512);
+    auto h = dev().alloc_host<std::uint32_t>(64 + i % 512);
+    if (i % 16 == 0) {
+      s.fill(d, 1);
+      s.copy(h, d);
+    }
+  }
+  s.synchronize().wait();
+  const auto after = dev().memory_stats();
+  EXPECT_EQ(after.device_in_use, before.device_in_use);
+  EXPECT_EQ(after.pinned_in_use, before.pinned_in_use);
+  EXPECT_GE(after.pinned_reserved, after.pinned_in_use);
+}
+
+// What ops keep alive (a launch's module and kernel, the allocations it uses) is stored in a
+// ring of small entries and released through a per-thread list: once both are warm, keeping
+// and releasing allocate nothing. (Backends may allocate per op on their own: the CPU device's
+// queue does; this checks the keep-alive storage itself.)
+TEST_P(memory_test, KeepAliveStorageAllocatesNothingOnceWarm) {
+  auto a = dev().alloc<float>(64), b = dev().alloc<float>(64);
+  auto k = kernels().kernel("add_f32");
+  auto s = dev().make_stream();
+  s.launch(k, {}, a, a, b, std::uint64_t{64}).wait();  // loads the module where lazy
+  std::shared_ptr<cora::backend::module> module;
+  {
+    std::error_code ec;
+    module = k.state()->binary->module_for_launch(ec);
+    ASSERT_FALSE(ec);
+  }
+  auto& dev_state = *dev().state();
+  const auto entry = [&] {
+    detail::op_keep e;
+    e.module = module;
+    e.kernel = k.state();
+    for (float* p : {a.data(), b.data()}) {
+      detail::memory_region r;
+      detail::alloc_ref ref;
+      dev_state.find_allocation(p, r, &ref);
+      e.add(std::move(ref));
+    }
+    return e;
+  };
+  detail::keep_ring ring;
+  const auto cycle = [&](int n) {
+    for (int i = 0; i < n; ++i) ring.push(static_cast<std::uint64_t>(i), entry());
+    detail::keep_drop drop;
+    while (!ring.empty()) ring.pop_into(drop.next());
+    drop.release();
+  };
+  cycle(1000);  // warms the ring and this thread's release list
+  const auto before = cora::test::heap_allocations();
+  cycle(1000);
+  EXPECT_EQ(cora::test::heap_allocations() - before, 0u);
+  // Every reference went: dropping the buffers frees them at once.
+  const auto in_use = dev().memory_in_use();
+  a.reset();
+  EXPECT_EQ(dev().memory_in_use(), in_use - 64 * sizeof(float));
+}
+
+// runtime_options limits: beyond them, allocation fails with out_of_memory.
+TEST_P(memory_test, PoolLimitsAreEnforced) {
+  runtime_options o;
+  o.use_environment = false;
+  o.backend = GetParam() == backend::cpu ? backend_selection::cpu : backend_selection::cuda;
+  o.device_memory_limit = 1 << 20;
+  o.pinned_memory_limit = 12 << 20;
+  runtime rt(o);
+  auto& d = rt.device(0);
+  auto a = d.alloc<std::uint8_t>(600 << 10);
+  std::error_code ec;
+  void* p = d.malloc(600 << 10, ec);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(ec, make_error_code(errc::out_of_memory));
+  a.reset();
+  p = d.malloc(600 << 10, ec);  // the limit counts what is in use, not what was
+  EXPECT_FALSE(ec);
+  d.free(p);
+
+  // The pool starts with a 4 MiB slab; a 5 MiB request gets a 6 MiB slab of its own, and a
+  // second one would take the reservation to 16 MiB.
+  auto h = d.alloc_host<std::uint8_t>(5 << 20);
+  void* q = d.malloc_host(5 << 20, ec);
+  EXPECT_EQ(q, nullptr);
+  EXPECT_EQ(ec, make_error_code(errc::out_of_memory));
+  EXPECT_LE(d.memory_stats().pinned_reserved, std::size_t{12} << 20);
+}
+
+TEST_P(memory_test, MemoryStatsFollowAllocations) {
+  const auto before = dev().memory_stats();
+  auto d = dev().alloc<std::uint8_t>(1 << 20);
+  auto h = dev().alloc_host<std::uint8_t>(1 << 16);
+  const auto during = dev().memory_stats();
+  EXPECT_GE(during.device_in_use, before.device_in_use + (1 << 20));
+  EXPECT_GE(during.pinned_in_use, before.pinned_in_use + (1 << 16));
+  EXPECT_GE(during.pinned_reserved, during.pinned_in_use);
+  if (GetParam() == backend::cuda) {
+    EXPECT_GE(during.device_reserved, std::size_t{1} << 20);
+  }
+  d.reset();
+  h.reset();
+  const auto after = dev().memory_stats();
+  EXPECT_EQ(after.device_in_use, before.device_in_use);
+  EXPECT_EQ(after.pinned_in_use, before.pinned_in_use);
+}
+
+TEST_P(memory_test, NativeHandles) {
+  auto s = dev().make_stream();
+  auto e = dev().make_event();
+  if (GetParam() == backend::cpu) {
+    EXPECT_EQ(s.native_handle(), nullptr);
+    EXPECT_EQ(e.native_handle(), nullptr);
+    EXPECT_EQ(dev().native_handle(), nullptr);
+    EXPECT_CORA_ERROR(dev().adopt_stream(reinterpret_cast<void*>(1)), errc::not_supported);
+  } else {
+    EXPECT_NE(s.native_handle(), nullptr);
+    EXPECT_NE(e.native_handle(), nullptr);
+    EXPECT_NE(dev().native_handle(), nullptr);
+  }
+  EXPECT_CORA_ERROR(dev().adopt_stream(nullptr), errc::invalid_argument);
+}
+
+}  // namespace
+}  // namespace cora::test

@@ -1,0 +1,12 @@
+// Test support: counts the program's heap allocations (operator new), for tests that check
+// that a path allocates nothing once warm. Link support/alloc_counter.cpp into the test.
+#pragma once
+
+#include <cstdint>
+
+namespace cora::test {
+
+/// operator new calls so far, on every thread.
+std::uint64_t heap_allocations() noexcept;
+
+}  // namespace cora::test

@@ -325,6 +325,12 @@ TEST_P(graph_test, IllegalOpsAbandonTheCaptureNamingTheOp) {
     EXPECT_CORA_ERROR(s.end_capture(), errc::invalid_pointer);
   }
   {
+    // A file read enqueues its copies later, as the file is read: it cannot be captured.
+    s.begin_capture();
+    EXPECT_CORA_ERROR(s.read_file(x.data(), "/dev/null", 0, 4).wait(), errc::illegal_in_capture);
+    EXPECT_CORA_ERROR(s.end_capture(), errc::illegal_in_capture);
+  }
+  {
     // A capture body that throws leaves no capture behind.
     EXPECT_THROW(s.capture([](stream&) { throw std::runtime_error("body"); }), std::runtime_error);
     EXPECT_FALSE(s.capturing());

@@ -314,6 +314,10 @@ bool capture_wait(stream_state& s, event_state& ev, pending<void>& out) {
       return true;
     }
     std::lock_guard lock(from->mutex);
+    if (from->ended) {
+      out = failed(make_error_code(errc::illegal_in_capture), "the capture ended meanwhile");
+      return true;
+    }
     from->streams.push_back({intrusive_ptr<stream_state>::share(&s), std::move(nodes)});
     s.capture = from;
     s.capturing.store(true, std::memory_order_release);
@@ -563,8 +567,9 @@ graph_update graph_exec::update(const graph& g, std::error_code& ec) {
       const auto descs = detail::graph_state::descs(nodes);
       std::string why;
       if (cur.backend->update(descs, why)) {
-        // Kernels are the same, so the records kept alive for launches in flight still hold;
-        // only the parameters changed.
+        // The kernels are the same objects, so launches in flight that keep this instance
+        // still keep theirs alive with the new records.
+        cur.nodes = std::move(nodes);
         ec.clear();
         return graph_update::in_place;
       }

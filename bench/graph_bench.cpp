@@ -7,7 +7,9 @@
 // latency of one completion is reported (p50_us, p99_us) with completions per second (per_s).
 //
 // Rows per device and work:
-//   cora_graph/K:k     co_await exec.launch(stream)
+//   cora_graph/K:k     co_await exec.launch(stream) (the hybrid completion policy, as the
+//                      cora rows below; cora_graph_spin/K:1 with the spin policy, which
+//                      busy-polls as the raw rows do)
 //   cora_ops/K:k       the same ops through cora, each awaited (the pipeline: the copies and
 //                      the launch issued, the last copy awaited, as pipeline_bench does)
 //   cora_enqueued/K:k  chains: the launches issued one by one, the last one awaited
@@ -138,8 +140,8 @@ cora::task<void> cora_loop(cora_run& r, cora_client& c) {
   r.lat.merge(mine);
 }
 
-void cora_bench(benchmark::State& state, std::size_t index, work w, mode m, int threads) {
-  const auto policy = cora::completion_policy::hybrid;
+void cora_bench(benchmark::State& state, std::size_t index, work w, mode m, int threads,
+                cora::completion_policy policy) {
   auto& dev = cb::shared_runtime(policy).device(index);
   const bool cuda = dev.backend() == cora::backend_kind::cuda;
   cora_run r;
@@ -181,7 +183,9 @@ void cora_bench(benchmark::State& state, std::size_t index, work w, mode m, int 
         throw;
       }
     });
-    r.lat.report(state, r.win, m == mode::graph ? "graph replay" : m == mode::ops ? "each op awaited" : "last op awaited");
+    r.lat.report(state, r.win,
+                 std::string(m == mode::graph ? "graph replay, " : m == mode::ops ? "each op awaited, " : "last op awaited, ") +
+                     cora::to_string(policy));
   }
   for (auto& c : clients) c->s.synchronize().wait();
 }
@@ -443,13 +447,20 @@ const bool registered = cb::at_start([] {
   const std::string suffix = "/iterations:1/real_time";
   for (const auto& d : cb::devices()) {
     const std::string base = "graph/" + d.tag + "/";
+    const auto hybrid = cora::completion_policy::hybrid, spin = cora::completion_policy::spin;
     for (const work w : {work{10}, work{50}, work{0}}) {
+      const std::string gs = base + w.name() + "/cora_graph_spin/K:1";
+      cb::register_once(gs, cora_bench, d.index, w, mode::graph, 1, spin);
+#if defined(CORA_HAS_CUDA)
+      if (d.backend == cora::backend_kind::cuda) cb::compare(gs + suffix, base + w.name() + "/raw_graph/K:1" + suffix);
+#endif
       for (int k : {1, 4}) {
         const std::string kk = "/K:" + std::to_string(k);
         const std::string g = base + w.name() + "/cora_graph" + kk;
-        cb::register_once(g, cora_bench, d.index, w, mode::graph, k);
-        cb::register_once(base + w.name() + "/cora_ops" + kk, cora_bench, d.index, w, mode::ops, k);
-        if (w.chain) cb::register_once(base + w.name() + "/cora_enqueued" + kk, cora_bench, d.index, w, mode::enqueued, k);
+        cb::register_once(g, cora_bench, d.index, w, mode::graph, k, hybrid);
+        cb::register_once(base + w.name() + "/cora_ops" + kk, cora_bench, d.index, w, mode::ops, k, hybrid);
+        if (w.chain)
+          cb::register_once(base + w.name() + "/cora_enqueued" + kk, cora_bench, d.index, w, mode::enqueued, k, hybrid);
         cb::compare(base + w.name() + "/cora_graph" + kk + suffix, base + w.name() + "/cora_ops" + kk + suffix);
 #if defined(CORA_HAS_CUDA)
         if (d.backend == cora::backend_kind::cuda) {

@@ -534,17 +534,12 @@ pending<void> graph_exec::launch(stream& s) {
                                            st));
   if (st->capturing.load(std::memory_order_acquire))
     return detail::capture_illegal(*st, "graph_exec.launch()");
-  std::shared_ptr<detail::exec_instance> inst;
-  {
-    std::lock_guard lock(s_->mutex);
-    inst = s_->current;
-  }
   // The instantiation's lock is held while the backend enqueues it, so a concurrent
-  // parameter change is seen whole or not at all.
-  auto state = s_;
+  // parameter change is seen whole or not at all (lock order: instantiation, then stream).
+  std::lock_guard lock(s_->mutex);
+  const std::shared_ptr<detail::exec_instance>& inst = s_->current;
   return pending<void>(st->enqueue(
       [&](std::uint64_t seq, std::error_code& ec, std::string& message) {
-        std::lock_guard lock(state->mutex);
         st->backend->launch_graph(seq, *inst->backend, ec, message);
       },
       std::shared_ptr<const void>(inst)));

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_device.hpp"
@@ -163,6 +164,33 @@ TEST_P(graph_test, ReplaysWithNewArgumentsEveryTime) {
     for (std::size_t i = 0; i < m; ++i)
       ASSERT_EQ(out[i], static_cast<float>(r + i) * factor) << "replay " << r << ", element " << i;
   }
+}
+
+TEST_P(graph_test, ArgumentChangesRacingLaunchesAreSeenWhole) {
+  constexpr std::size_t m = 64;
+  auto s = dev().make_stream();
+  auto x = dev().alloc<float>(m);
+  auto in = dev().alloc_host<float>(m), out = dev().alloc_host<float>(m);
+  for (std::size_t i = 0; i < m; ++i) in[i] = static_cast<float>(i + 1);
+  graph g = s.capture([&](stream& cs) {
+               cs.copy(x, in);
+               cs.launch(kernels().kernel("scale_7"), {.grid = 2}, x, 2.0f, std::uint64_t{m});
+               cs.copy(out, x);
+             }).wait();
+  graph_exec exec = g.instantiate();
+  std::atomic<bool> stop{false};
+  std::thread changer([&] {
+    for (int i = 0; !stop; ++i) exec.set_launch_args(g.node(1), x, i % 2 ? 3.0f : 2.0f, std::uint64_t{m});
+  });
+  const int launches = 5 * stress_scale();
+  for (int r = 0; r < launches; ++r) {
+    exec.launch(s).wait();
+    const float factor = out[0] / in[0];
+    ASSERT_TRUE(factor == 2.0f || factor == 3.0f) << factor;
+    for (std::size_t i = 0; i < m; ++i) ASSERT_EQ(out[i], in[i] * factor) << "launch " << r << ", element " << i;
+  }
+  stop = true;
+  changer.join();
 }
 
 TEST_P(graph_test, SetLaunchArgsIsCheckedLikeALaunch) {

@@ -54,9 +54,12 @@ std::shared_ptr<const graph_nodes> cpu_graph_exec::snapshot() const {
 }
 
 graph_nodes& cpu_graph_exec::writable() {
-  // Launches in flight hold their own reference: leave theirs alone.
-  if (nodes_.use_count() > 1) nodes_ = std::make_shared<const graph_nodes>(*nodes_);
-  return const_cast<graph_nodes&>(*nodes_);
+  // Launches in flight read the list they hold without a lock, so a change always goes to a
+  // fresh copy (use_count() == 1 would not tell that the last reader is done with it).
+  auto copy = std::make_shared<graph_nodes>(*nodes_);
+  graph_nodes& out = *copy;
+  nodes_ = std::move(copy);
+  return out;
 }
 
 void cpu_graph_exec::set_launch(std::size_t node, const launch_desc& launch, std::error_code& ec,

@@ -46,7 +46,7 @@ class cpu_graph_exec final : public graph_exec {
   std::shared_ptr<const graph_nodes> snapshot() const;
 
  private:
-  /// The node list, copied first if a launch in flight holds it (copy on write).
+  /// A fresh copy of the node list to change (launches in flight keep the one they hold).
   graph_nodes& writable();
 
   cpu_device& device_;

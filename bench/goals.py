@@ -142,6 +142,31 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
         rows.append((f"{call} while a kernel runs: p99 (us, goal <= 50)", p99 / 50.0, 1.0, False,
                      f"{p99:.1f} us" + (f" (raw {raw_of[call]} {raw:.1f} us)" if raw is not None else "")))
 
+    # 5b. Graphs (bench/graph_bench): a replay against raw cuGraphLaunch of the same graph plus
+    # its busy-polled wait (cora with the spin policy, which polls alike; hybrid for
+    # information), and against the same chain awaited op by op through cora; K = 1.
+    for chain in ("10", "50"):
+        r = get(results, f"graph/{tag}/chain:{chain}/raw_graph/K:1", "p50_us")
+        c = get(results, f"graph/{tag}/chain:{chain}/cora_graph_spin/K:1", "p50_us")
+        ratio_row(f"graph replay p50, {chain}-kernel chain, spin / raw cuGraphLaunch", c, r, 1.05, False,
+                  f"{c:.2f} vs {r:.2f} us" if c and r else "")
+        h = get(results, f"graph/{tag}/chain:{chain}/cora_graph/K:1", "p50_us")
+        ratio_row(f"graph replay p50, {chain}-kernel chain, hybrid / raw (info)", h, r, 1.15, False,
+                  f"{h:.2f} vs {r:.2f} us" if h and r else "")
+    o = get(results, f"graph/{tag}/chain:10/cora_ops/K:1", "p50_us")
+    c = get(results, f"graph/{tag}/chain:10/cora_graph/K:1", "p50_us")
+    ratio_row("10-kernel chain p50, op by op / replayed (cora)", o, c, 3.0, True,
+              f"{o:.2f} vs {c:.2f} us" if o and c else "")
+    for k in ("1", "4"):
+        c = get(results, f"graph/{tag}/pipeline/cora_graph/K:{k}", "per_s")
+        o = get(results, f"graph/{tag}/pipeline/cora_ops/K:{k}", "per_s")
+        ratio_row(f"copy-launch-copy/s, K={k}, graph / ops (info)", c, o, 1.0, True,
+                  f"{c:,.0f} vs {o:,.0f}/s" if c and o else "")
+    for what in ("instantiate", "set_args", "update"):
+        c = get(results, f"graph/{tag}/{what}/cora", "p50_us")
+        r = get(results, f"graph/{tag}/{what}/raw", "p50_us")
+        ratio_row(f"graph {what} p50 / raw (info)", c, r, 1.2, False, f"{c:.2f} vs {r:.2f} us" if c and r else "")
+
     # 6. The kernel server (bench/server_load runs on the default device) at 1024 connections.
     if default_device:
         base = "server_load/baseline/connections:1024"

@@ -5,6 +5,7 @@
 #include "cora/device.hpp"
 #include "cora/error.hpp"
 #include "cora/event.hpp"
+#include "cora/graph.hpp"
 #include "cora/half.hpp"
 #include "cora/io.hpp"
 #include "cora/kernel_args.hpp"

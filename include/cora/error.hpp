@@ -34,6 +34,7 @@ enum class errc {
   not_ready,              ///< the operation has not completed yet
   timed_out,              ///< a wait ran past its timeout
   copy_fault,             ///< a copy or fill failed on the device (bad address, DMA error)
+  illegal_in_capture,     ///< an op not allowed while its stream captures a graph (the capture is abandoned)
 };
 
 /// The category of cora::errc; name() is "cora".

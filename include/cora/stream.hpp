@@ -17,6 +17,7 @@
 #include "cora/detail/intrusive_ptr.hpp"
 #include "cora/detail/kernel_arg.hpp"
 #include "cora/event.hpp"
+#include "cora/graph.hpp"
 #include "cora/kernel_args.hpp"
 #include "cora/launch.hpp"
 #include "cora/memory.hpp"
@@ -181,6 +182,43 @@ class stream {
   /// cleanly: pending is [[nodiscard]]).
   pending<void> synchronize();
 
+  // --- graphs -------------------------------------------------------------------------------
+
+  /// Starts capturing: until end_capture(), ops on this stream are checked as usual and become
+  /// nodes of a graph instead of running (their pendings complete at once). Another stream
+  /// joins the capture by waiting for an event recorded here during it, and must be joined
+  /// back (this stream waits for an event recorded there) before end_capture(). Ops that
+  /// cannot be captured (synchronize(), read_file(), a wait for an event recorded outside
+  /// the capture, a launch with placeholders, graph_exec::launch) and ops that fail their
+  /// checks fail with their error and abandon the capture: end_capture() then reports it.
+  /// @throws cora::error (errc::illegal_in_capture when the stream already captures).
+  void begin_capture();
+  void begin_capture(std::error_code& ec);
+  /// Ends the capture begun on this stream and returns the graph.
+  /// @throws cora::error (errc::illegal_in_capture when the capture was abandoned, with the
+  ///         op that abandoned it; errc::invalid_argument when this stream did not begin it).
+  graph end_capture();
+  graph end_capture(std::error_code& ec);
+  /// Captures what `body(*this)` enqueues: begin_capture(), body, end_capture(). The pending
+  /// is complete when returned; it fails when the capture was abandoned. If `body` throws,
+  /// the capture is abandoned and the exception propagates.
+  template <class F>
+  pending<graph> capture(F&& body) {
+    std::error_code ec;
+    begin_capture(ec);
+    if (ec) return capture_result({}, ec);
+    try {
+      std::forward<F>(body)(*this);
+    } catch (...) {
+      abandon_capture();
+      throw;
+    }
+    graph g = end_capture(ec);
+    return capture_result(std::move(g), ec);
+  }
+  /// True while the stream takes part in a capture.
+  bool capturing() const noexcept;
+
   // --- files ---------------------------------------------------------------------------------
 
   /// Reads `bytes` bytes of `path` from `offset` into memory at `dst` (device memory of this
@@ -233,6 +271,8 @@ class stream {
                              std::size_t src_bytes);
   pending<void> launch_typed(const kernel& k, const launch_config& cfg,
                              std::span<const detail::arg_view> args);
+  static pending<graph> capture_result(graph g, std::error_code ec);
+  void abandon_capture() noexcept;
 
   detail::stream_state* st() const noexcept;
   // The stream's state; held through its completion_source base so this header needs no

@@ -70,6 +70,7 @@ aclError to_acl(std::error_code ec) noexcept {
       case errc::not_ready: return ACL_ERROR_RT_EVENT_NOT_COMPLETE;
       case errc::timed_out: return ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
       case errc::copy_fault: return ACL_ERROR_RT_COPY_DATA;
+      case errc::illegal_in_capture: return ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED;
     }
     return ACL_ERROR_RT_INTERNAL_ERROR;
   }

@@ -106,6 +106,41 @@ struct launch_desc {
   const void* device_args = nullptr;      // or: a canonical block in device memory
 };
 
+/// One node of a graph as the core hands it to a backend (cora/graph.hpp). Nodes come in a
+/// topological order: every dependency is an earlier node.
+struct graph_node_desc {
+  enum class kind { empty, copy, fill, launch, host_call };
+  kind k = kind::empty;
+  std::vector<std::size_t> deps;
+  // copy and fill: a copy reads its source each time the graph runs.
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+  std::uint8_t value = 0;
+  bool dst_host = false;  // host memory (pinned or pageable), not device memory
+  bool src_host = false;
+  launch_desc launch;     // launch: the argument block is read during the call only
+  std::function<void()> fn;  // host_call
+};
+
+/// An instantiated graph (cora::graph_exec). Parameter changes apply to later launches of it;
+/// launches already enqueued keep the parameters they were enqueued with.
+class graph_exec {
+ public:
+  virtual ~graph_exec() = default;
+  /// New arguments (same kernel) for launch node `node`.
+  virtual void set_launch(std::size_t node, const launch_desc& launch, std::error_code& ec,
+                          std::string& message) = 0;
+  /// New addresses and size for copy node `node`.
+  virtual void set_copy(std::size_t node, void* dst, const void* src, std::size_t bytes,
+                        bool dst_host, bool src_host, std::error_code& ec,
+                        std::string& message) = 0;
+  /// Takes every parameter of `nodes` (same node kinds and dependencies as instantiated).
+  /// Returns false, with `message` saying why, when the backend refuses: the core then
+  /// instantiates anew.
+  virtual bool update(std::span<const graph_node_desc> nodes, std::string& message) = 0;
+};
+
 /// An in-order queue of device work. Every enqueue carries the core's sequence number of the
 /// op, strictly increasing; ops complete in that order.
 class stream {
@@ -137,6 +172,15 @@ class stream {
   virtual void* native_handle() const noexcept { return nullptr; }
   /// True for a stream adopted from another library (its destruction only lets go of it).
   virtual bool borrowed() const noexcept { return false; }
+
+  /// Enqueues one launch of an instantiated graph of this stream's device as op `seq`.
+  virtual void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
+                            std::string& message) {
+    (void)seq;
+    (void)graph;
+    ec = make_error_code(errc::not_supported);
+    message = "this backend has no graphs";
+  }
 };
 
 /// What a backend knows of memory cora did not allocate (another library's allocation).
@@ -209,6 +253,15 @@ class device {
   virtual bool accepts(image_kind kind) const = 0;
   virtual std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
                                        std::error_code& ec, std::string& message) = 0;
+
+  /// Instantiates a graph (nodes in topological order) for launches on this device's streams.
+  virtual std::unique_ptr<graph_exec> instantiate(std::span<const graph_node_desc> nodes,
+                                                  std::error_code& ec, std::string& message) {
+    (void)nodes;
+    ec = make_error_code(errc::not_supported);
+    message = "this backend has no graphs";
+    return nullptr;
+  }
 
   /// Markers recorded so far (the engine's cost; tests check that unwaited ops record none).
   virtual std::uint64_t markers_recorded() const = 0;

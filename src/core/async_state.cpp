@@ -1,6 +1,7 @@
 #include <asio/error.hpp>
 
 #include "core/engine.hpp"
+#include "core/graph_state.hpp"
 #include "core/state.hpp"
 
 namespace cora::detail {
@@ -115,6 +116,11 @@ void report_unobserved(completion_source& stream, std::error_code ec,
 
 op_handle failed_op(std::error_code ec, std::string message, stream_state* stream) {
   auto st = make_intrusive<async_state<void>>();
+  // During a capture a failed check abandons the capture, which end_capture() reports.
+  if (stream && stream->capturing.load(std::memory_order_acquire)) {
+    capture_invalidate(*stream, ec, message);
+    stream = nullptr;
+  }
   if (stream) st->set_sticky_target(intrusive_ptr<completion_source>::share(stream));
   st->complete(ec, std::move(message));
   return op_handle(intrusive_ptr<completion_source>(std::move(st)), 0);

@@ -37,6 +37,7 @@ class category final : public std::error_category {
       case errc::not_ready: return "not ready";
       case errc::timed_out: return "timed out";
       case errc::copy_fault: return "copy fault";
+      case errc::illegal_in_capture: return "not allowed while the stream is capturing";
     }
     return "unknown cora error";
   }

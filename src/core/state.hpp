@@ -28,6 +28,7 @@ namespace cora::detail {
 class device_state;
 class stream_state;
 class kernel_state;
+struct capture_session;
 
 /// Sets `ec` and the thread's last error message.
 void set_error(std::error_code& ec, std::error_code code, std::string message);
@@ -430,6 +431,11 @@ class stream_state final : public completion_source {
   /// Waits (blocking, up to `deadline`) for every enqueued op; false on timeout.
   bool drain(clock::time_point deadline) noexcept;
 
+  /// Graph capture (core/graph_state.hpp): set while the stream takes part in a capture, whose
+  /// session `capture` is (guarded by enqueue_mutex()). Ops then become graph nodes.
+  std::atomic<bool> capturing{false};
+  std::shared_ptr<capture_session> capture;
+
  private:
   struct marker_rec {
     backend::marker m;
@@ -537,6 +543,9 @@ class event_state {
   std::mutex mutex;
   intrusive_ptr<stream_state> stream;  // latest record
   std::uint64_t seq = 0;
+  // Latest record made during a graph capture: the capture and the nodes it stands for.
+  std::shared_ptr<capture_session> capture;
+  std::vector<std::size_t> capture_nodes;
   ~event_state();
 };
 

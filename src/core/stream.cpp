@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/graph_state.hpp"
 #include "core/state.hpp"
 #include "io/file_to_device.hpp"
 #include "cora/device.hpp"
@@ -58,6 +59,15 @@ bool check_config(const detail::device_state& dev, const launch_config& cfg, std
 
 }  // namespace
 
+bool detail::check_launch_config(const detail::device_state& dev, const launch_config& cfg,
+                                 std::string& message) {
+  return check_config(dev, cfg, message);
+}
+
+namespace {
+
+}  // namespace
+
 stream::stream(detail::intrusive_ptr<detail::completion_source> s) noexcept : s_(std::move(s)) {}
 
 detail::stream_state* stream::st() const noexcept { return static_cast<detail::stream_state*>(s_.get()); }
@@ -72,6 +82,7 @@ stream& stream::operator=(stream&& o) noexcept {
 }
 
 stream::~stream() {
+  if (s_ && st()->capturing.load(std::memory_order_acquire)) abandon_capture();
   // Work still in flight keeps the stream alive: the engine releases it when the work is done.
   if (s_ && !st()->idle_observed())
     detail::engine::get().drain(detail::intrusive_ptr<detail::stream_state>::share(st()));
@@ -134,6 +145,9 @@ pending<void> stream::copy(void* dst, const void* src, std::size_t bytes) {
       return fail(errc::wrong_device, "copy involves memory of " + r->device->properties.name +
                                           ", which this stream's device cannot reach", st());
   const bool pageable = s.k == memory_region::kind::pageable_host;
+  if (st()->capturing.load(std::memory_order_acquire))
+    return detail::capture_copy(*st(), dst, src, bytes, d.k != memory_region::kind::device,
+                                s.k != memory_region::kind::device);
   return pending<void>(st()->enqueue(
       [&](std::uint64_t seq, std::error_code&, std::string&) {
         st()->backend->copy(seq, dst, src, bytes, pageable);
@@ -156,8 +170,10 @@ pending<void> stream::fill(void* dst, std::uint8_t value, std::size_t bytes) {
   if (bytes == 0) return done_op();
   std::error_code ec;
   detail::alloc_ref ref;
-  st()->device->classify(dst, bytes, ec, &ref);
+  const memory_region d = st()->device->classify(dst, bytes, ec, &ref);
   if (ec) return fail(ec, st());
+  if (st()->capturing.load(std::memory_order_acquire))
+    return detail::capture_fill(*st(), dst, value, bytes, d.k != memory_region::kind::device);
   detail::op_keep keep;
   keep.add(std::move(ref));
   return pending<void>(st()->enqueue(
@@ -191,6 +207,9 @@ pending<void> launch_block(stream_state* s, const kernel& k, const launch_config
   if (!check_config(dev, cfg, message))
     return pending<void>(failed_op(make_error_code(errc::invalid_launch_config), message, s));
 
+  if (s->capturing.load(std::memory_order_acquire))
+    return detail::capture_launch(*s, ks, std::move(module), cfg, block.first(std::min(block.size(), ks->args_size)),
+                                  !phs.empty(), device_block);
   // Placeholder slots get the device address of the staged copy of the whole block.
   std::vector<std::byte> patched;
   std::span<const std::byte> params = block.first(std::min(block.size(), ks->args_size));
@@ -388,6 +407,7 @@ pending<void> stream::record(event& ev) {
   auto es = ev.state();
   if (es->device.get() != st()->device.get())
     return fail(errc::wrong_device, "the event belongs to another device", st());
+  if (st()->capturing.load(std::memory_order_acquire)) return detail::capture_record(*st(), *es);
   std::uint64_t recorded = 0;
   auto h = st()->enqueue(
       [&](std::uint64_t seq, std::error_code&, std::string&) {
@@ -401,6 +421,7 @@ pending<void> stream::record(event& ev) {
     std::lock_guard lock(es->mutex);
     es->stream = detail::intrusive_ptr<detail::stream_state>::share(st());
     es->seq = recorded;
+    es->capture.reset();
   }
   return pending<void>(std::move(h));
 }
@@ -411,6 +432,7 @@ pending<void> stream::wait(const event& ev) {
   auto es = ev.state();
   if (es->device->properties.backend != st()->device->properties.backend)
     return fail(errc::not_supported, "a stream cannot wait for an event of another backend", st());
+  if (pending<void> captured; detail::capture_wait(*st(), *es, captured)) return captured;
   detail::intrusive_ptr<detail::stream_state> source;
   {
     std::lock_guard lock(es->mutex);
@@ -426,6 +448,7 @@ pending<void> stream::wait(const event& ev) {
 pending<void> stream::host_func(std::function<void()> fn) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (!fn) return fail(errc::invalid_argument, "empty host function", st());
+  if (st()->capturing.load(std::memory_order_acquire)) return detail::capture_host_call(*st(), std::move(fn));
   // The stream outlives the call: a stream with work in flight is kept until it is idle.
   auto run = [fn = std::move(fn), s = st()]() {
     detail::host_func_scope scope(s);
@@ -448,11 +471,22 @@ pending<std::size_t> stream::read_file(void* dst, const std::filesystem::path& p
     return pending<std::size_t>(
         detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
   }
+  if (st()->capturing.load(std::memory_order_acquire)) {
+    // The copies would be enqueued later, as the file is read: they cannot be captured.
+    (void)detail::capture_illegal(*st(), "stream.read_file()");
+    auto failed = detail::make_intrusive<detail::async_state<std::size_t>>();
+    failed->complete(make_error_code(errc::illegal_in_capture),
+                     "stream.read_file() is not allowed while the stream is capturing a graph; the capture is abandoned");
+    return pending<std::size_t>(
+        detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(failed)), 0));
+  }
   return detail::io::read_file_to_device(*st(), dst, path, offset, bytes, options);
 }
 
 pending<void> stream::synchronize() {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  if (st()->capturing.load(std::memory_order_acquire))
+    return detail::capture_illegal(*st(), "stream.synchronize()");
   return pending<void>(st()->synchronize_handle());
 }
 

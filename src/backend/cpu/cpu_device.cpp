@@ -50,7 +50,11 @@ void mark_shut_down(op* o) noexcept {
     }
   }
 }
-bool aborted(const op* o) noexcept { return __atomic_load_n(&o->abort, __ATOMIC_RELAXED) != 0; }
+bool aborted(const op* o) noexcept {
+  // A graph's child op also stops when its graph launch is stopped.
+  return __atomic_load_n(&o->abort, __ATOMIC_RELAXED) != 0 ||
+         (o->parent && __atomic_load_n(&o->parent->abort, __ATOMIC_RELAXED) != 0);
+}
 
 std::error_code status_code(int status) {
   switch (status) {
@@ -243,32 +247,39 @@ void cpu_stream::fill(std::uint64_t seq, void* dst, std::uint8_t value, std::siz
   push(o);
 }
 
-void cpu_stream::launch(std::uint64_t seq, const launch_desc& l, std::error_code& ec,
-                        std::string& message) {
-  const auto& cfg = l.config;
+bool cpu_device::check_launch(const launch_config& cfg, std::error_code& ec,
+                              std::string& message) const {
   if (cfg.block.volume() != 1) {
     ec = make_error_code(errc::invalid_launch_config);
     message = "the CPU device runs each block as one thread: block must be 1x1x1";
-    return;
+    return false;
   }
   if (cfg.shared_bytes != 0) {
     ec = make_error_code(errc::not_supported);
     message = "the CPU device has no dynamic shared memory";
-    return;
+    return false;
   }
   if (cfg.cluster || cfg.priority) {
     ec = make_error_code(errc::not_supported);
     message = "the CPU device supports neither thread-block clusters nor launch priorities";
-    return;
+    return false;
   }
   const std::uint64_t blocks = cfg.grid.volume();
-  if ((cfg.cooperative || cfg.schedule == schedule_mode::batch) && blocks > device_.workers()) {
+  if ((cfg.cooperative || cfg.schedule == schedule_mode::batch) && blocks > pool_.size()) {
     ec = make_error_code(errc::invalid_launch_config);
     message = "a cooperative or batch launch needs every block resident: grid " +
               std::to_string(blocks) + " exceeds the device's " +
-              std::to_string(device_.workers()) + " compute units";
-    return;
+              std::to_string(pool_.size()) + " compute units";
+    return false;
   }
+  return true;
+}
+
+void cpu_stream::launch(std::uint64_t seq, const launch_desc& l, std::error_code& ec,
+                        std::string& message) {
+  const auto& cfg = l.config;
+  if (!device_.check_launch(cfg, ec, message)) return;
+  const std::uint64_t blocks = cfg.grid.volume();
   auto* o = new op;
   o->k = op::kind::launch;
   o->seq = seq;
@@ -533,6 +544,12 @@ void cpu_device::start(op* o) {
     case op::kind::record:
       if (!pool_.submit(o, 1)) abandon(o);
       return;
+    case op::kind::graph:
+      if (op* child = next_graph_op(o))
+        start(child);
+      else
+        finish(o);
+      return;
   }
 }
 
@@ -613,6 +630,7 @@ void cpu_device::execute(op* o) {
       o->ev->stamp_ns.store(now_ns(), std::memory_order_release);
       return;
     case op::kind::wait:
+    case op::kind::graph:
       return;
   }
 }
@@ -647,6 +665,24 @@ void cpu_device::finish(op* first) {
   while (!todo.empty()) {
     op* o = todo.back();
     todo.pop_back();
+    if (op* parent = o->parent) {
+      // A node of a graph launch: its failure is the graph's; then the next node runs.
+      int status = o->status.load(std::memory_order_acquire);
+      if (status == CORA_CPU_OK && lost()) {
+        status = CORA_CPU_ABORTED;
+        o->message = "device lost";
+      }
+      int expected = CORA_CPU_OK;
+      if (status != CORA_CPU_OK &&
+          parent->status.compare_exchange_strong(expected, status, std::memory_order_acq_rel))
+        parent->message = std::move(o->message);
+      delete o;
+      if (op* child = next_graph_op(parent))
+        start(child);
+      else
+        todo.push_back(parent);
+      continue;
+    }
     ready.clear();
     o->stream->finished(o, ready);
     delete o;

@@ -22,6 +22,7 @@ namespace cora::backend::cpu {
 
 class cpu_device;
 class cpu_stream;
+struct graph_nodes;
 
 /// Faults the CPU device injects into its own work: a test hook for reliability tests
 /// (tests/fault_injection_test.cpp, tests/soak; docs/reliability.md). Each count applies to the
@@ -54,7 +55,7 @@ struct cpu_event final : event {
 
 /// One unit of stream work. Launches and large copies run as several pieces on the pool.
 struct op {
-  enum class kind : std::uint8_t { copy, fill, launch, host_func, record, wait };
+  enum class kind : std::uint8_t { copy, fill, launch, host_func, record, wait, graph };
   /// A fault injected into this op when it was enqueued (see fault_injection).
   enum class injected : std::uint8_t { none, copy_fault, trap, stuck };
   kind k = kind::copy;
@@ -81,6 +82,11 @@ struct op {
   cpu_event* ev = nullptr;
   cpu_stream* wait_stream = nullptr;
   std::uint64_t wait_seq = 0;
+
+  // A graph launch runs its nodes one after another as child ops (cpu_graph.cpp).
+  std::shared_ptr<const graph_nodes> graph;
+  std::size_t graph_next = 0;
+  op* parent = nullptr;  // the graph launch a child op belongs to
 
   std::atomic<std::uint32_t> next{0};
   std::atomic<std::uint32_t> pieces{0};
@@ -125,6 +131,8 @@ class cpu_stream final : public stream {
   void host_func(std::uint64_t seq, std::function<void()> fn, std::error_code& ec) override;
   void record(std::uint64_t seq, event& ev) override;
   void wait(std::uint64_t seq, event& ev) override;
+  void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
+                    std::string& message) override;
 
   marker record_marker(std::uint64_t seq) override;
   marker_state query(const marker& m) override;
@@ -175,6 +183,8 @@ class cpu_device final : public device {
   bool accepts(image_kind kind) const override { return kind == image_kind::cpu_elf; }
   std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
                                std::error_code& ec, std::string& message) override;
+  std::unique_ptr<graph_exec> instantiate(std::span<const graph_node_desc> nodes,
+                                          std::error_code& ec, std::string& message) override;
   std::uint64_t markers_recorded() const override {
     return markers_.load(std::memory_order_relaxed);
   }
@@ -183,6 +193,10 @@ class cpu_device final : public device {
   // Used by streams and workers.
   void start(op* o);
   void run_piece(op* o);
+  /// What every launch must satisfy on this device; false with ec and message set.
+  bool check_launch(const launch_config& cfg, std::error_code& ec, std::string& message) const;
+  /// The next child op of graph launch `parent`, or null when it has run (or failed).
+  op* next_graph_op(op* parent);
   void count_marker() noexcept { markers_.fetch_add(1, std::memory_order_relaxed); }
   void add_stream(cpu_stream* s);
   void remove_stream(cpu_stream* s);

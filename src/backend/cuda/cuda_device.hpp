@@ -62,6 +62,9 @@ class cuda_device final : public device {
   bool accepts(image_kind kind) const override { return kind != image_kind::cpu_elf; }
   std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
                                std::error_code& ec, std::string& message) override;
+  std::unique_ptr<graph_exec> instantiate(std::span<const graph_node_desc> nodes,
+                                          std::error_code& ec,
+                                          std::string& message) override;  // cuda_graph.cpp
   std::uint64_t markers_recorded() const override {
     return markers_.load(std::memory_order_relaxed);
   }

@@ -77,7 +77,26 @@ namespace cora::backend::cuda {
   X(cuFuncGetName, 12030)                 \
   X(cuFuncGetParamInfo, 12040)            \
   X(cuFuncIsLoaded, 12040)                \
-  X(cuFuncLoad, 12040)
+  X(cuFuncLoad, 12040)                    \
+  CORA_CUDA_GRAPHS(X)
+
+// Graphs (cuda_graph.cpp): every CUDA 12 driver has them; a driver without them makes graph
+// instantiation fail with errc::not_supported.
+#define CORA_CUDA_GRAPHS(X)                  \
+  X(cuGraphCreate, 10000)                    \
+  X(cuGraphDestroy, 10000)                   \
+  X(cuGraphAddKernelNode, 12000)             \
+  X(cuGraphAddMemcpyNode, 10000)             \
+  X(cuGraphAddMemsetNode, 10000)             \
+  X(cuGraphAddHostNode, 10000)               \
+  X(cuGraphAddEmptyNode, 10000)              \
+  X(cuGraphInstantiateWithFlags, 11040)      \
+  X(cuGraphUpload, 11010)                    \
+  X(cuGraphLaunch, 10000)                    \
+  X(cuGraphExecDestroy, 10000)               \
+  X(cuGraphExecKernelNodeSetParams, 12000)   \
+  X(cuGraphExecMemcpyNodeSetParams, 10020)   \
+  X(cuGraphExecUpdate, 12000)
 
 /// The driver's entry points. Field names are the API's names (cuda.h maps some of them to
 /// their _v2 symbols; the fields follow, so calls read like plain driver code).

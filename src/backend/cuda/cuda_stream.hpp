@@ -45,6 +45,8 @@ class cuda_stream final : public stream {
   void host_func(std::uint64_t seq, std::function<void()> fn, std::error_code& ec) override;
   void record(std::uint64_t seq, event& ev) override;
   void wait(std::uint64_t seq, event& ev) override;
+  void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
+                    std::string& message) override;  // cuda_graph.cpp
 
   marker record_marker(std::uint64_t seq) override;
   marker_state query(const marker& m) override;

@@ -454,7 +454,7 @@ graph_node graph::node(std::size_t i) const {
   return {i};
 }
 
-cora::device& graph::device() const { return *checked(s_).device->handle; }
+cora::device& graph::device() const { return checked(s_).device->handle; }
 
 namespace {
 
@@ -640,7 +640,7 @@ void graph_exec::throw_if_error(const std::error_code& ec) { detail::throw_if(ec
 
 cora::device& graph_exec::device() const {
   if (!s_) throw error(errc::invalid_handle, "empty graph_exec handle");
-  return *s_->device->handle;
+  return s_->device->handle;
 }
 
 // --- capture ------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ struct kernel_desc {
   std::optional<std::uint64_t> entry_key;
   std::vector<param_desc> params;
   bool params_known = true;  // false when the backend cannot report the parameter layout
+  std::uint32_t form = 0;    // CORA_KERNEL_FLAG_PHASED / _RAW_BARRIER of a CPU kernel's source
 };
 
 /// A loaded kernel image.

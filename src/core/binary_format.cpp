@@ -135,6 +135,7 @@ bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
     if (!names.insert(k.name).second)
       return fail(ec, message, "kernel '" + k.name + "' is defined twice");
     if (r.flags & CORA_KERNEL_FLAG_HAS_ENTRY_KEY) k.entry_key = r.entry_key;
+    k.form = r.flags & (CORA_KERNEL_FLAG_PHASED | CORA_KERNEL_FLAG_RAW_BARRIER);
     for (std::uint32_t p = 0; p < r.param_count; ++p) {
       const std::uint32_t size = r.param_size[p], align = r.param_align[p];
       if (size == 0 || size > max_args_block || align == 0 || (align & (align - 1)) != 0 ||
@@ -333,6 +334,7 @@ std::vector<std::byte> write_corabin(const std::vector<corabin_input>& images,
     std::memcpy(r.magic, CORA_KERNEL_RECORD_MAGIC, 8);
     r.record_size = sizeof(r);
     r.param_count = static_cast<std::uint32_t>(kernels[i].params.size());
+    r.flags = kernels[i].form & (CORA_KERNEL_FLAG_PHASED | CORA_KERNEL_FLAG_RAW_BARRIER);
     std::memcpy(r.name, kernels[i].name.data(),
                 std::min(kernels[i].name.size(), sizeof(r.name) - 1));
     if (kernels[i].entry_key) {

@@ -73,6 +73,9 @@ struct op {
   const void* device_args = nullptr;
   std::uint32_t grid = 0;
   std::uint32_t batch = 1;
+  // A launch's blocks in `slices` contiguous ranges, one a worker; claimed[i] once taken.
+  std::uint32_t slices = 0;
+  std::unique_ptr<std::atomic<std::uint8_t>[]> claimed;
   std::uint64_t timeout_ns = 0;
   cora_cpu_launch launch{};
   volatile std::uint32_t abort = 0;
@@ -98,7 +101,7 @@ class worker_pool {
   unsigned size() const noexcept { return static_cast<unsigned>(threads_.size()); }
 
  private:
-  void run();
+  void run(unsigned index);
   cpu_device& device_;
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -179,7 +182,7 @@ class cpu_device final : public device {
 
   // Used by streams and workers.
   void start(op* o);
-  void run_piece(op* o);
+  void run_piece(op* o, unsigned worker);
   void count_marker() noexcept { markers_.fetch_add(1, std::memory_order_relaxed); }
   void add_stream(cpu_stream* s);
   void remove_stream(cpu_stream* s);
@@ -196,7 +199,8 @@ class cpu_device final : public device {
 
  private:
   void finish(op* o);
-  void execute(op* o);
+  void execute(op* o, unsigned worker);
+  void run_slice(op* o, std::uint32_t slice);
   void run_injected(op* o);
 
   device_info info_;

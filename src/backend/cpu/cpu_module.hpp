@@ -1,6 +1,9 @@
-// A CPU kernel image loaded into the process (dlopen of an in-memory file).
+// A CPU kernel image loaded into the process: the loadable part of the shared object written to
+// an anonymous memory file and dlopen-ed. Kernel entries are looked up at their first use.
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <span>
 #include <string>
 #include <system_error>
@@ -20,13 +23,20 @@ class cpu_module final : public module {
 
   const std::vector<kernel_desc>& kernels() const override { return kernels_; }
   void* function(std::size_t index, std::error_code& ec, std::string& message) override;
+  void* find(const std::string& name, kernel_desc& layout, std::error_code& ec,
+             std::string& message) override;
 
  private:
   cpu_module() = default;
   void* handle_ = nullptr;
   int fd_ = -1;  // the image's memory file, open while it is loaded
   std::vector<kernel_desc> kernels_;
-  std::vector<void*> entries_;
+  std::unique_ptr<std::atomic<void*>[]> entries_;  // dlsym results, null until first use
 };
+
+/// Bytes of a CPU image that the dynamic loader reads: up to the end of its last loadable
+/// segment (the program headers and every PT_LOAD inside), so debug sections and the section
+/// table need not be copied. The whole image when its headers do not say.
+std::size_t loadable_size(std::span<const std::byte> image) noexcept;
 
 }  // namespace cora::backend::cpu

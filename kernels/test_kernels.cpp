@@ -86,6 +86,30 @@ CORA_KERNEL(block_sum_raw)(const std::uint32_t* in, std::uint64_t n, std::uint64
   if (t == 0) out[cora::block_idx()] = partial[0];
 }
 
+// Sum of in[0, n): out[b] = the sum over the indices grid_range gives block b's threads, so the
+// out[] of all blocks add up to the whole sum. The portable form of a block reduction: each
+// thread sums its part of the grid, then the block reduces through shared memory.
+// block_dim() <= 1024.
+CORA_KERNEL(reduce_u32)(const std::uint32_t* in, std::uint64_t n, std::uint64_t* out) {
+  CORA_SHARED(std::uint64_t, partial, 1024);
+  const std::uint32_t threads = cora::block_dim();
+  cora::block_threads([&](std::uint32_t t) {
+    std::uint64_t s = 0;
+    for (auto i : cora::grid_range(n)) s += in[i];
+    partial[t] = s;
+  });
+  cora::sync_block();
+  for (std::uint32_t width = 1; width < threads; width *= 2) {
+    cora::block_threads([&](std::uint32_t t) {
+      if (t % (2 * width) == 0 && t + width < threads) partial[t] += partial[t + width];
+    });
+    cora::sync_block();
+  }
+  cora::block_threads([&](std::uint32_t t) {
+    if (t == 0) out[cora::block_idx()] = partial[0];
+  });
+}
+
 // Mixed parameter sizes and alignments: checks the canonical layout end to end.
 struct pair16 {
   double a;

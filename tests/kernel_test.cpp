@@ -156,6 +156,27 @@ TEST_P(kernel_test, BlockReductionWithRawBarriers) {
   check_block_sums(*this, "block_sum_raw", dev(), kernels());
 }
 
+TEST_P(kernel_test, GridRangeInsideAPhaseGivesEachThreadItsPart) {
+  // reduce_u32: every thread sums its grid_range part; the blocks' sums add up to the total
+  // whatever the shape, and no index is counted twice.
+  std::vector<std::uint32_t> hin(10007);
+  std::mt19937 gen(11);
+  for (auto& v : hin) v = gen() % 1000;
+  std::uint64_t total = 0;
+  for (auto v : hin) total += v;
+  auto in = dev().alloc<std::uint32_t>(hin.size());
+  upload(in, hin);
+  auto k = kernels().kernel("reduce_u32");
+  auto s = dev().make_stream();
+  for (const shape& sh : shapes()) {
+    auto out = dev().alloc<std::uint64_t>(sh.grid);
+    s.launch(k, {.grid = sh.grid, .block = sh.block}, in.data(), std::uint64_t{hin.size()}, out.data()).wait();
+    std::uint64_t sum = 0;
+    for (auto v : download(out, sh.grid)) sum += v;
+    EXPECT_EQ(sum, total) << "grid " << sh.grid << ", block " << sh.block;
+  }
+}
+
 TEST_P(kernel_test, PhasedAndRawFormsRunAfterEachOtherAndConcurrently) {
   // Both forms on two streams at once: each learns its own path, neither disturbs the other.
   std::vector<std::uint32_t> hin(4096, 1);

@@ -293,12 +293,15 @@ inline void block_threads(F&& f) {
     r->whole_block = true;
   }
   if (r->whole_block) {
+    // Inside the phase the body stands for thread t alone (grid_range gives t's part).
+    r->whole_block = false;
     const std::uint32_t n = b->threads;
     for (std::uint32_t t = 0; t < n; ++t) {
       r->thread = t;
       f(t);
     }
     r->thread = 0;
+    r->whole_block = true;
     return;
   }
   r->asked = true;

@@ -140,6 +140,33 @@ __device__ inline std::uint64_t clock_ns() {
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CORA_DETAIL_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define CORA_DETAIL_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) && !defined(CORA_DETAIL_ASAN)
+#define CORA_DETAIL_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(CORA_DETAIL_TSAN)
+#define CORA_DETAIL_TSAN 1
+#endif
+#ifndef CORA_DETAIL_ASAN
+#define CORA_DETAIL_ASAN 0
+#endif
+#ifndef CORA_DETAIL_TSAN
+#define CORA_DETAIL_TSAN 0
+#endif
+#if CORA_DETAIL_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if CORA_DETAIL_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 #include <atomic>
 #include <vector>
 
@@ -322,6 +349,7 @@ T* shared_array(std::size_t count) {
 }
 
 // ---- Fibers: the fallback for per-thread bodies with a barrier ------------------------------
+// Sanitizers are told of every stack switch, or they take a fiber's stack for a corrupt one.
 
 constexpr std::size_t fiber_stack = 64 * 1024;
 constexpr std::size_t fiber_guard = 4096;
@@ -331,6 +359,7 @@ struct fiber {
   thread_run run;
   bool started = false;
   bool done = false;
+  void* tsan = nullptr;  // the fiber's ThreadSanitizer context
 };
 
 struct fiber_set {
@@ -341,34 +370,83 @@ struct fiber_set {
   std::size_t mapped = 0;
   std::exception_ptr failure;
   void* body = nullptr;  // the kernel's arguments, for the entry
+  // The worker's stack, for switches back to it under AddressSanitizer.
+  const void* scheduler_bottom = nullptr;
+  std::size_t scheduler_size = 0;
+  void* scheduler_tsan = nullptr;
 
-  ~fiber_set() {
+  ~fiber_set() { release(); }
+  void release() {
+#if CORA_DETAIL_TSAN
+    for (auto& f : fibers)
+      if (f.tsan) __tsan_destroy_fiber(f.tsan);
+#endif
     if (stacks) ::munmap(stacks, mapped);
+    stacks = nullptr;
   }
   void reserve(std::uint32_t n) {
     if (fibers.size() >= n) return;
-    if (stacks) ::munmap(stacks, mapped);
-    stacks = nullptr;
+    release();
     fibers = std::vector<fiber>(n);
     const std::size_t each = fiber_guard + fiber_stack;
     mapped = each * n;
     void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw kernel_stop{CORA_CPU_EXCEPTION, "out of memory for block fibers"};
     stacks = static_cast<unsigned char*>(p);
-    for (std::uint32_t i = 0; i < n; ++i) ::mprotect(stacks + i * each, fiber_guard, PROT_NONE);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      ::mprotect(stacks + i * each, fiber_guard, PROT_NONE);
+#if CORA_DETAIL_TSAN
+      fibers[i].tsan = __tsan_create_fiber(0);
+#endif
+    }
   }
   unsigned char* stack(std::uint32_t i) const { return stacks + i * (fiber_guard + fiber_stack) + fiber_guard; }
 };
 
-// Leaves the running fiber for the scheduler (at a barrier, or when it is done).
+// The scheduler (the worker's stack) switches to fiber t and returns when it yields or ends.
+inline void switch_to_fiber(fiber_set& fs, std::uint32_t t) {
+  fiber& f = fs.fibers[t];
+  fs.running = &f;
+#if CORA_DETAIL_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, fs.stack(t), fiber_stack);
+#endif
+#if CORA_DETAIL_TSAN
+  fs.scheduler_tsan = __tsan_get_current_fiber();
+  __tsan_switch_to_fiber(f.tsan, 0);
+#endif
+  ::swapcontext(&fs.scheduler, &f.context);
+#if CORA_DETAIL_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+  fs.running = nullptr;
+}
+
+// On a fiber, just switched to: tell AddressSanitizer, and learn the worker's stack.
+inline void arrived_on_fiber([[maybe_unused]] fiber_set& fs, [[maybe_unused]] void* fake) {
+#if CORA_DETAIL_ASAN
+  __sanitizer_finish_switch_fiber(fake, &fs.scheduler_bottom, &fs.scheduler_size);
+#endif
+}
+
+// Leaves the running fiber for the scheduler (at a barrier); returns when resumed.
 inline void fiber_yield(fiber_set& fs) {
   fiber* f = fs.running;
+  void* fake = nullptr;
+#if CORA_DETAIL_ASAN
+  __sanitizer_start_switch_fiber(&fake, fs.scheduler_bottom, fs.scheduler_size);
+#endif
+#if CORA_DETAIL_TSAN
+  __tsan_switch_to_fiber(fs.scheduler_tsan, 0);
+#endif
   ::swapcontext(&f->context, &fs.scheduler);
+  arrived_on_fiber(fs, fake);
 }
 
 template <auto Fn, class Values>
 void fiber_entry(unsigned lo, unsigned hi) {
   auto* fs = reinterpret_cast<fiber_set*>((static_cast<std::uintptr_t>(hi) << 32) | lo);
+  arrived_on_fiber(*fs, nullptr);
   fiber* f = fs->running;
   current = &f->run;
   try {
@@ -377,7 +455,13 @@ void fiber_entry(unsigned lo, unsigned hi) {
     if (!fs->failure) fs->failure = std::current_exception();
   }
   f->done = true;
-  // Returning switches to uc_link, the scheduler.
+  // Returning switches to uc_link, the scheduler; this fiber's stack is done with.
+#if CORA_DETAIL_ASAN
+  __sanitizer_start_switch_fiber(nullptr, fs->scheduler_bottom, fs->scheduler_size);
+#endif
+#if CORA_DETAIL_TSAN
+  __tsan_switch_to_fiber(fs->scheduler_tsan, 0);
+#endif
 }
 
 template <auto Fn, class Values>
@@ -393,18 +477,13 @@ void start_fiber(fiber_set& fs, std::uint32_t t, block_run& b, thread_run* self)
   const auto p = reinterpret_cast<std::uintptr_t>(&fs);
   ::makecontext(&f.context, reinterpret_cast<void (*)()>(&fiber_entry<Fn, Values>), 2,
                 static_cast<unsigned>(p & 0xffffffffu), static_cast<unsigned>(p >> 32));
-  fs.running = &f;
-  ::swapcontext(&fs.scheduler, &f.context);
-  fs.running = nullptr;
+  switch_to_fiber(fs, t);
   current = self;
 }
 
 inline void resume_fiber(fiber_set& fs, std::uint32_t t, thread_run* self) {
-  fiber& f = fs.fibers[t];
-  fs.running = &f;
-  current = &f.run;
-  ::swapcontext(&fs.scheduler, &f.context);
-  fs.running = nullptr;
+  current = &fs.fibers[t].run;
+  switch_to_fiber(fs, t);
   current = self;
 }
 

@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/binary_format.hpp"
 #include "cora/error.hpp"
 
 namespace cora::backend::cpu {
@@ -63,9 +62,8 @@ std::size_t loadable_size(std::span<const std::byte> image) noexcept {
 
 std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, std::error_code& ec,
                                              std::string& message) {
-  auto kernels = detail::read_cpu_kernel_records(image, ec, message);
-  if (ec) return nullptr;
-
+  // The kernel records were read and checked by the core (against the container's metadata,
+  // which its checksum covers); entries are found by name at their first lookup.
   // dlopen needs a file: an anonymous memory file, never a path on disk. It gets the bytes the
   // loader maps, without the section table (which the loader never reads), so a large image
   // with debug information costs no more to load than a stripped one.
@@ -108,8 +106,6 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
   std::unique_ptr<cpu_module> m(new cpu_module);
   m->handle_ = handle;
   m->fd_ = fd;
-  m->kernels_ = std::move(kernels);
-  m->entries_.reset(new std::atomic<void*>[m->kernels_.size()]());
   ec.clear();
   return m;
 }
@@ -120,38 +116,27 @@ cpu_module::~cpu_module() {
 }
 
 void* cpu_module::function(std::size_t index, std::error_code& ec, std::string& message) {
-  if (index >= kernels_.size()) {
-    ec = make_error_code(errc::kernel_not_found);
-    message = "no such kernel";
-    return nullptr;
-  }
-  void* entry = entries_[index].load(std::memory_order_acquire);
-  if (!entry) {
-    // dlsym is thread-safe and returns the same address to every racing first caller.
-    const std::string symbol = CORA_KERNEL_ENTRY_PREFIX + kernels_[index].name;
-    entry = ::dlsym(handle_, symbol.c_str());
-    if (!entry) {
-      ec = make_error_code(errc::invalid_binary);
-      message = "the kernel image lacks the entry of kernel '" + kernels_[index].name + "'";
-      return nullptr;
-    }
-    entries_[index].store(entry, std::memory_order_release);
-  }
-  ec.clear();
-  return entry;
+  (void)index;
+  ec = make_error_code(errc::kernel_not_found);
+  message = "the CPU device finds kernels by name";
+  return nullptr;
 }
 
 void* cpu_module::find(const std::string& name, kernel_desc& layout, std::error_code& ec,
                        std::string& message) {
-  for (std::size_t i = 0; i < kernels_.size(); ++i)
-    if (kernels_[i].name == name) {
-      void* entry = function(i, ec, message);
-      if (entry) layout = kernels_[i];
-      return entry;
-    }
-  ec = make_error_code(errc::kernel_not_found);
-  message = "kernel '" + name + "' is not in the loaded image";
-  return nullptr;
+  // dlsym is thread-safe; the core calls this once per kernel and caches the result.
+  const std::string symbol = CORA_KERNEL_ENTRY_PREFIX + name;
+  void* entry = ::dlsym(handle_, symbol.c_str());
+  if (!entry) {
+    ec = make_error_code(errc::kernel_not_found);
+    message = "kernel '" + name + "' is not in the loaded image";
+    return nullptr;
+  }
+  layout = kernel_desc{};
+  layout.name = name;
+  layout.params_known = false;  // the image's records were checked against the metadata at load
+  ec.clear();
+  return entry;
 }
 
 }  // namespace cora::backend::cpu

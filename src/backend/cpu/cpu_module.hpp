@@ -1,5 +1,6 @@
 // A CPU kernel image loaded into the process: the loadable part of the shared object written to
-// an anonymous memory file and dlopen-ed. Kernel entries are looked up at their first use.
+// an anonymous memory file and dlopen-ed. Kernel entries are looked up by name at their first
+// use; the core lists the kernels (from the image's records, checked at load).
 #pragma once
 
 #include <atomic>
@@ -16,7 +17,8 @@ namespace cora::backend::cpu {
 
 class cpu_module final : public module {
  public:
-  /// Loads a validated image; on failure sets `ec` and returns null.
+  /// Loads an image whose records the core has read and checked; on failure sets `ec` and
+  /// returns null.
   static std::unique_ptr<cpu_module> load(std::span<const std::byte> image, std::error_code& ec,
                                           std::string& message);
   ~cpu_module() override;
@@ -30,8 +32,7 @@ class cpu_module final : public module {
   cpu_module() = default;
   void* handle_ = nullptr;
   int fd_ = -1;  // the image's memory file, open while it is loaded
-  std::vector<kernel_desc> kernels_;
-  std::unique_ptr<std::atomic<void*>[]> entries_;  // dlsym results, null until first use
+  std::vector<kernel_desc> kernels_;  // empty: the core has the list
 };
 
 /// Bytes of a CPU image that the dynamic loader reads: up to the end of its last loadable

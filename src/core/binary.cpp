@@ -230,13 +230,16 @@ bool resolve(binary_state& b, std::size_t index, std::error_code& ec, std::strin
       return false;
     }
     // Some backends know only offsets and sizes (CUDA) and guess alignments; the metadata has
-    // the signature's, which fix the canonical layout. Sizes must agree, and where the image's
-    // alignments are exact (the CPU device), those too.
+    // the signature's, which fix the canonical layout. Sizes must agree, and alignments too
+    // where the image's are exact (the CPU device). A guess (the largest power of two up to 16
+    // dividing offset and size) is at least the real alignment, so a larger one in the
+    // metadata is wrong too.
     const bool exact = b.device->properties.backend == backend_kind::cpu;
     for (std::size_t i = 0; i < want.params.size(); ++i) {
       const auto& have = image.params[i];
       const auto& meta = want.params[i];
-      if (have.size != meta.size || (exact && have.align != meta.align)) {
+      const bool align_wrong = exact ? have.align != meta.align : meta.align > have.align && have.align < 16;
+      if (have.size != meta.size || align_wrong) {
         ec = make_error_code(errc::invalid_binary);
         message = "parameter " + std::to_string(i) + " of kernel '" + want.name + "' has " +
                   std::to_string(have.size) + " bytes in the image but " + std::to_string(meta.size) +

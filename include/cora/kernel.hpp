@@ -168,6 +168,7 @@ __device__ inline std::uint64_t clock_ns() {
 #endif
 
 #include <atomic>
+#include <memory>
 #include <vector>
 
 #define CORA_KERNEL(name) [[maybe_unused]] static void name
@@ -359,15 +360,36 @@ struct fiber {
   thread_run run;
   bool started = false;
   bool done = false;
-  void* tsan = nullptr;  // the fiber's ThreadSanitizer context
+  void* tsan = nullptr;           // the fiber's ThreadSanitizer context
+  unsigned char* map = nullptr;   // [guard page | stack]
+
+  fiber() {
+    void* p = ::mmap(nullptr, fiber_guard + fiber_stack, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw kernel_stop{CORA_CPU_EXCEPTION, "out of memory for block fibers"};
+    map = static_cast<unsigned char*>(p);
+    ::mprotect(map, fiber_guard, PROT_NONE);
+#if CORA_DETAIL_TSAN
+    tsan = __tsan_create_fiber(0);
+#endif
+  }
+  ~fiber() {
+#if CORA_DETAIL_TSAN
+    if (tsan) __tsan_destroy_fiber(tsan);
+#endif
+    ::munmap(map, fiber_guard + fiber_stack);
+  }
+  fiber(const fiber&) = delete;
+  fiber& operator=(const fiber&) = delete;
+  unsigned char* stack() const { return map + fiber_guard; }
 };
 
 struct fiber_set {
   ucontext_t scheduler;
   fiber* running = nullptr;
-  std::vector<fiber> fibers;
-  unsigned char* stacks = nullptr;  // one mapping: [guard page | stack] per fiber
-  std::size_t mapped = 0;
+  // Made as needed and kept for the blocks that follow; never moved (a suspended fiber's
+  // context points into itself).
+  std::vector<std::unique_ptr<fiber>> fibers;
   std::exception_ptr failure;
   void* body = nullptr;  // the kernel's arguments, for the entry
   // The worker's stack, for switches back to it under AddressSanitizer.
@@ -375,41 +397,19 @@ struct fiber_set {
   std::size_t scheduler_size = 0;
   void* scheduler_tsan = nullptr;
 
-  ~fiber_set() { release(); }
-  void release() {
-#if CORA_DETAIL_TSAN
-    for (auto& f : fibers)
-      if (f.tsan) __tsan_destroy_fiber(f.tsan);
-#endif
-    if (stacks) ::munmap(stacks, mapped);
-    stacks = nullptr;
-  }
   void reserve(std::uint32_t n) {
-    if (fibers.size() >= n) return;
-    release();
-    fibers = std::vector<fiber>(n);
-    const std::size_t each = fiber_guard + fiber_stack;
-    mapped = each * n;
-    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw kernel_stop{CORA_CPU_EXCEPTION, "out of memory for block fibers"};
-    stacks = static_cast<unsigned char*>(p);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      ::mprotect(stacks + i * each, fiber_guard, PROT_NONE);
-#if CORA_DETAIL_TSAN
-      fibers[i].tsan = __tsan_create_fiber(0);
-#endif
-    }
+    while (fibers.size() < n) fibers.push_back(std::make_unique<fiber>());
   }
-  unsigned char* stack(std::uint32_t i) const { return stacks + i * (fiber_guard + fiber_stack) + fiber_guard; }
+  fiber& at(std::uint32_t t) { return *fibers[t]; }
 };
 
 // The scheduler (the worker's stack) switches to fiber t and returns when it yields or ends.
 inline void switch_to_fiber(fiber_set& fs, std::uint32_t t) {
-  fiber& f = fs.fibers[t];
+  fiber& f = fs.at(t);
   fs.running = &f;
 #if CORA_DETAIL_ASAN
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(&fake, fs.stack(t), fiber_stack);
+  __sanitizer_start_switch_fiber(&fake, f.stack(), fiber_stack);
 #endif
 #if CORA_DETAIL_TSAN
   fs.scheduler_tsan = __tsan_get_current_fiber();
@@ -466,12 +466,13 @@ void fiber_entry(unsigned lo, unsigned hi) {
 
 template <auto Fn, class Values>
 void start_fiber(fiber_set& fs, std::uint32_t t, block_run& b, thread_run* self) {
-  fiber& f = fs.fibers[t];
+  fs.reserve(t + 1);
+  fiber& f = fs.at(t);
   f.run = thread_run{&b, t, false, false, 0};
   f.started = true;
   f.done = false;
   ::getcontext(&f.context);
-  f.context.uc_stack.ss_sp = fs.stack(t);
+  f.context.uc_stack.ss_sp = f.stack();
   f.context.uc_stack.ss_size = fiber_stack;
   f.context.uc_link = &fs.scheduler;
   const auto p = reinterpret_cast<std::uintptr_t>(&fs);
@@ -482,7 +483,7 @@ void start_fiber(fiber_set& fs, std::uint32_t t, block_run& b, thread_run* self)
 }
 
 inline void resume_fiber(fiber_set& fs, std::uint32_t t, thread_run* self) {
-  current = &fs.fibers[t].run;
+  current = &fs.at(t).run;
   switch_to_fiber(fs, t);
   current = self;
 }
@@ -507,7 +508,7 @@ void run_fibers(block_run& b, fiber_set& fs, thread_run* self, std::uint32_t fir
   for (;;) {
     bool live = false;
     for (std::uint32_t t = 0; t < b.threads; ++t) {
-      if (fs.fibers[t].done) continue;
+      if (fs.at(t).done) continue;
       live = true;
       resume_fiber(fs, t, self);
       rethrow_failure(fs);
@@ -540,7 +541,6 @@ void run_block_threads(block_run& b, thread_run& self, Values& values, fiber_set
     return;
   }
   fs.body = &values;
-  fs.reserve(b.threads);
   b.fibers = &fs;
   if (known == learned_form::fibers) {
     run_fibers<Fn, Values>(b, fs, &self, 0);
@@ -551,7 +551,7 @@ void run_block_threads(block_run& b, thread_run& self, Values& values, fiber_set
   b.mode = block_mode::probe;
   start_fiber<Fn, Values>(fs, 0, b, &self);
   rethrow_failure(fs);
-  fiber& f0 = fs.fibers[0];
+  fiber& f0 = fs.at(0);
   if (b.mode == block_mode::phased) {
     if (!f0.done) throw kernel_stop{CORA_CPU_EXCEPTION, "phased kernel left its fiber early"};
     form.store(learned_form::phased, std::memory_order_relaxed);

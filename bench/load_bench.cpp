@@ -7,6 +7,11 @@
 // function loaded (the driver loads lazily by default), its parameters' layout and two
 // attributes read.
 //
+// first_launch: the latency of the first launch of a kernel after a load (the load untimed):
+// cora's lookup (which resolves the kernel lazily) + launch of `empty` + its completion, against
+// cuModuleGetFunction + the first cuLaunchKernel + cuStreamSynchronize on a GPU, and dlsym + a
+// call of the entry on the CPU device.
+//
 // Settings: CORA_BENCH_LOADS (loads per figure, default 200).
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -21,6 +26,7 @@
 
 #include "bench_support.hpp"
 #include "core/binary_format.hpp"
+#include "cora/detail/cpu_kernel_abi.h"
 #include "io/file_reader.hpp"
 #if defined(CORA_HAS_CUDA)
 #include "raw_cuda.hpp"
@@ -94,7 +100,60 @@ void raw_cpu(benchmark::State& state, bool from_file) {
   state.SetLabel(from_file ? "dlopen of the file" : "memfd + dlopen");
 }
 
+void raw_cpu_first_launch(benchmark::State& state) {
+  image img(cora::detail::binary_kind::cpu_elf);
+  cb::latencies lat;
+  for (auto _ : state) {
+    for (int i = 0; i < loads(); ++i) {
+      const int fd = ::memfd_create("raw-image", MFD_CLOEXEC);
+      if (::write(fd, img.bytes.data(), img.bytes.size()) != static_cast<ssize_t>(img.bytes.size()))
+        throw std::runtime_error("write to the memory file failed");
+      void* h = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!h) throw std::runtime_error(::dlerror());
+      const auto t0 = clk::now();
+      auto entry = reinterpret_cast<cora_cpu_entry_fn>(::dlsym(h, CORA_KERNEL_ENTRY_PREFIX "empty"));
+      if (!entry) throw std::runtime_error("no entry of kernel empty");
+      cora_cpu_launch launch{};
+      launch.grid[0] = launch.grid[1] = launch.grid[2] = 1;
+      launch.block_count = 1;
+      launch.block[0] = launch.block[1] = launch.block[2] = 1;
+      launch.block_threads = 1;
+      char message[64];
+      if (entry(&launch, 0, 1, nullptr, message, sizeof(message)) != CORA_CPU_OK) throw std::runtime_error(message);
+      lat.add(clk::now() - t0);
+      ::dlclose(h);
+      ::close(fd);
+    }
+  }
+  lat.report(state);
+  state.SetLabel("dlsym + a call of the entry on the calling thread");
+}
+
 #if defined(CORA_HAS_CUDA)
+void raw_gpu_first_launch(benchmark::State& state, std::size_t ordinal) {
+  image img(cora::detail::binary_kind::cuda_fatbin);
+  cb::raw_cuda r(ordinal, img.bytes);
+  auto& a = r.api();
+  CUstream s = r.make_stream();
+  cb::latencies lat;
+  for (auto _ : state) {
+    for (int i = 0; i < loads(); ++i) {
+      CUmodule m = nullptr;
+      cb::check(a.cuModuleLoadDataEx(&m, img.bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
+      const auto t0 = clk::now();
+      CUfunction f = nullptr;
+      cb::check(a.cuModuleGetFunction(&f, m, "empty"), "cuModuleGetFunction");
+      cb::check(a.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr), "cuLaunchKernel");
+      cb::check(a.cuStreamSynchronize(s), "cuStreamSynchronize");
+      lat.add(clk::now() - t0);
+      a.cuModuleUnload(m);
+    }
+  }
+  a.cuStreamDestroy(s);
+  lat.report(state);
+  state.SetLabel("cuModuleGetFunction + first cuLaunchKernel + cuStreamSynchronize");
+}
+
 /// Loads every function of `m` and reads its parameter layout and attributes, as an eager
 /// loader must before it can check launches.
 void load_functions(const cb::raw_cuda& r, CUmodule m) {
@@ -158,6 +217,23 @@ void cora_load(benchmark::State& state, std::size_t index, bool from_file) {
   state.SetLabel(from_file ? "load_binary(path)" : "load_binary(bytes)");
 }
 
+void cora_first_launch(benchmark::State& state, std::size_t index) {
+  auto& dev = cb::shared_runtime(cora::completion_policy::hybrid).device(index);
+  const auto bytes = read_all(corabin());
+  auto s = dev.make_stream();
+  cb::latencies lat;
+  for (auto _ : state) {
+    for (int i = 0; i < loads(); ++i) {
+      cora::binary b = dev.load_binary(std::span<const std::byte>(bytes)).wait();
+      const auto t0 = clk::now();
+      s.launch(b.kernel("empty"), {}).wait();
+      lat.add(clk::now() - t0);
+    }
+  }
+  lat.report(state);
+  state.SetLabel("kernel() (resolved at this first lookup) + launch + wait");
+}
+
 const bool registered = cb::at_start([] {
   for (const auto& d : cb::devices()) {
     for (bool file : {false, true}) {
@@ -171,6 +247,12 @@ const bool registered = cb::at_start([] {
       if (d.backend == cora::backend_kind::cpu) cb::register_once(base + "raw", raw_cpu, file);
       cb::register_once(base + "cora", cora_load, d.index, file);
     }
+    const std::string first = "load/" + d.tag + "/first_launch/";
+#if defined(CORA_HAS_CUDA)
+    if (d.backend == cora::backend_kind::cuda) cb::register_once(first + "raw", raw_gpu_first_launch, d.ordinal);
+#endif
+    if (d.backend == cora::backend_kind::cpu) cb::register_once(first + "raw", raw_cpu_first_launch);
+    cb::register_once(first + "cora", cora_first_launch, d.index);
   }
 });
 

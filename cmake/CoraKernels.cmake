@@ -30,6 +30,36 @@ function(_cora_scan_kernels out)
   set(${out} ${names} PARENT_SCOPE)
 endfunction()
 
+# _cora_kernel_form(<out> <name> <src>...): the CPU-device path the source of kernel <name>
+# reads as (its body up to the next CORA_KERNEL, comments left out): 2 when it calls
+# block_threads (the phased form), 4 when it calls sync_block without it (fibers), else 0. It
+# goes into the kernel's record for cora-inspect; the device learns the path from the code
+# itself (docs/kernels.md).
+function(_cora_kernel_form out name)
+  set(form 0)
+  foreach(src IN LISTS ARGN)
+    file(READ "${src}" text)
+    string(FIND "${text}" "CORA_KERNEL(${name})" at)
+    if(at GREATER -1)
+      string(LENGTH "CORA_KERNEL(${name})" skip)
+      math(EXPR at "${at} + ${skip}")
+      string(SUBSTRING "${text}" ${at} -1 body)
+      string(FIND "${body}" "CORA_KERNEL(" next)
+      if(next GREATER -1)
+        string(SUBSTRING "${body}" 0 ${next} body)
+      endif()
+      string(REGEX REPLACE "//[^\n]*" "" body "${body}")
+      if(body MATCHES "block_threads[ \t\r\n]*\\(")
+        set(form 2)
+      elseif(body MATCHES "sync_block[ \t\r\n]*\\(")
+        set(form 4)
+      endif()
+      break()
+    endif()
+  endforeach()
+  set(${out} ${form} PARENT_SCOPE)
+endfunction()
+
 function(cora_add_kernel_binary target)
   cmake_parse_arguments(ARG "NO_CUDA;NO_CPU" "OUTPUT_NAME" "SOURCES;CUDA_ARCHS;INCLUDE_DIRECTORIES" ${ARGN})
   if(NOT ARG_SOURCES)
@@ -62,7 +92,8 @@ function(cora_add_kernel_binary target)
       string(APPEND unit "#include \"${src}\"\n")
     endforeach()
     foreach(k IN LISTS kernels)
-      string(APPEND unit "CORA_REGISTER_KERNEL(${k})\n")
+      _cora_kernel_form(form ${k} ${sources})
+      string(APPEND unit "CORA_REGISTER_KERNEL_FORM(${k}, ${form})\n")
     endforeach()
     file(CONFIGURE OUTPUT "${dir}/cpu_image.cpp" CONTENT "${unit}" @ONLY)
     add_library(${target}_cpu MODULE "${dir}/cpu_image.cpp")
@@ -72,7 +103,9 @@ function(cora_add_kernel_binary target)
       PREFIX "" OUTPUT_NAME "${ARG_OUTPUT_NAME}.cpu" SUFFIX ".so"
       LIBRARY_OUTPUT_DIRECTORY "${dir}"
       CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
-    target_compile_options(${target}_cpu PRIVATE -O2)
+    # -O3: GCC vectorizes the loops of element-wise kernels (grid_range) only from -O3, where
+    # it may version a loop for possible aliasing.
+    target_compile_options(${target}_cpu PRIVATE -O3)
     list(APPEND pack_args --cpu "$<TARGET_FILE:${target}_cpu>")
     list(APPEND pack_deps ${target}_cpu)
   endif()

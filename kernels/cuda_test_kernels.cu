@@ -2,9 +2,9 @@
 // write must fault on the GPU, which on the CPU device would crash the process instead.
 #include <cora/kernel.hpp>
 
-// out[i] = value for i < n, grid-stride.
+// out[i] = value for i < n.
 CORA_KERNEL(fill_u32)(std::uint32_t* out, std::uint32_t value, std::uint64_t n) {
-  for (std::uint64_t i = cora::global_idx(); i < n; i += cora::global_size()) out[i] = value;
+  for (auto i : cora::grid_range(n)) out[i] = value;
 }
 
 // Writes out[index]: with an index far past the allocation, an illegal address.

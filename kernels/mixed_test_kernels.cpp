@@ -3,7 +3,7 @@
 
 // y = a * x + y
 CORA_KERNEL(axpy)(float a, const float* x, float* y, std::uint64_t n) {
-  for (std::uint64_t i = cora::global_idx(); i < n; i += cora::global_size()) y[i] = a * x[i] + y[i];
+  for (auto i : cora::grid_range(n)) y[i] = a * x[i] + y[i];
 }
 
 // out[0] = number of blocks, via an untyped pointer as CANN kernels take them.

@@ -4,14 +4,19 @@
 // Does nothing: launch and completion overhead alone.
 CORA_KERNEL(empty)() {}
 
-// z = x + y over n floats, grid-stride.
+// z = x + y over n floats.
 CORA_KERNEL(add_f32)(const float* x, const float* y, float* z, std::uint64_t n) {
+  for (auto i : cora::grid_range(n)) z[i] = x[i] + y[i];
+}
+
+// add_f32 as a raw grid-stride loop: the form kernels had before grid_range, kept working.
+CORA_KERNEL(add_f32_stride)(const float* x, const float* y, float* z, std::uint64_t n) {
   for (std::uint64_t i = cora::global_idx(); i < n; i += cora::global_size()) z[i] = x[i] + y[i];
 }
 
 // y = a * x + y, repeated `rounds` times: a kernel heavy enough for the device to matter.
 CORA_KERNEL(saxpy_rounds)(float a, const float* x, float* y, std::uint64_t n, std::uint32_t rounds) {
-  for (std::uint64_t i = cora::global_idx(); i < n; i += cora::global_size()) {
+  for (auto i : cora::grid_range(n)) {
     float v = y[i];
     for (std::uint32_t r = 0; r < rounds; ++r) v = a * x[i] + v;
     y[i] = v;
@@ -20,8 +25,7 @@ CORA_KERNEL(saxpy_rounds)(float a, const float* x, float* y, std::uint64_t n, st
 
 // Writes each element's index: a way to see which blocks ran.
 CORA_KERNEL(iota_u32)(std::uint32_t* out, std::uint64_t n) {
-  for (std::uint64_t i = cora::global_idx(); i < n; i += cora::global_size())
-    out[i] = static_cast<std::uint32_t>(i);
+  for (auto i : cora::grid_range(n)) out[i] = static_cast<std::uint32_t>(i);
 }
 
 // Faults on purpose.
@@ -39,7 +43,71 @@ CORA_KERNEL(slow)(std::uint64_t us, std::uint32_t* flag) {
 
 // A kernel whose name carries entry key 7 ("name_N"), for lookups by entry.
 CORA_KERNEL(scale_7)(float* x, float factor, std::uint64_t n) {
-  for (std::uint64_t i = cora::global_idx(); i < n; i += cora::global_size()) x[i] *= factor;
+  for (auto i : cora::grid_range(n)) x[i] *= factor;
+}
+
+// Per-block sums of `in` in the phased form: out[b] = sum of in[i] over the indices i that
+// thread t of block b visits in a grid-stride loop, reduced through shared memory.
+// block_dim() <= 256.
+CORA_KERNEL(block_sum_phased)(const std::uint32_t* in, std::uint64_t n, std::uint64_t* out) {
+  CORA_SHARED(std::uint64_t, partial, 256);
+  const std::uint32_t threads = cora::block_dim();
+  const std::uint64_t stride = cora::global_size();
+  const std::uint64_t base = static_cast<std::uint64_t>(cora::block_idx()) * threads;
+  cora::block_threads([&](std::uint32_t t) {
+    std::uint64_t s = 0;
+    for (std::uint64_t i = base + t; i < n; i += stride) s += in[i];
+    partial[t] = s;
+  });
+  cora::sync_block();
+  for (std::uint32_t width = 1; width < threads; width *= 2) {
+    cora::block_threads([&](std::uint32_t t) {
+      if (t % (2 * width) == 0 && t + width < threads) partial[t] += partial[t + width];
+    });
+    cora::sync_block();
+  }
+  cora::block_threads([&](std::uint32_t t) {
+    if (t == 0) out[cora::block_idx()] = partial[0];
+  });
+}
+
+// block_sum_phased as a plain per-thread body with raw barriers (the CPU device's fiber path).
+CORA_KERNEL(block_sum_raw)(const std::uint32_t* in, std::uint64_t n, std::uint64_t* out) {
+  CORA_SHARED(std::uint64_t, partial, 256);
+  const std::uint32_t t = cora::thread_idx(), threads = cora::block_dim();
+  std::uint64_t s = 0;
+  for (std::uint64_t i = cora::global_idx(); i < n; i += cora::global_size()) s += in[i];
+  partial[t] = s;
+  cora::sync_block();
+  for (std::uint32_t width = 1; width < threads; width *= 2) {
+    if (t % (2 * width) == 0 && t + width < threads) partial[t] += partial[t + width];
+    cora::sync_block();
+  }
+  if (t == 0) out[cora::block_idx()] = partial[0];
+}
+
+// Sum of in[0, n): out[b] = the sum over the indices grid_range gives block b's threads, so the
+// out[] of all blocks add up to the whole sum. The portable form of a block reduction: each
+// thread sums its part of the grid, then the block reduces through shared memory.
+// block_dim() <= 1024.
+CORA_KERNEL(reduce_u32)(const std::uint32_t* in, std::uint64_t n, std::uint64_t* out) {
+  CORA_SHARED(std::uint64_t, partial, 1024);
+  const std::uint32_t threads = cora::block_dim();
+  cora::block_threads([&](std::uint32_t t) {
+    std::uint64_t s = 0;
+    for (auto i : cora::grid_range(n)) s += in[i];
+    partial[t] = s;
+  });
+  cora::sync_block();
+  for (std::uint32_t width = 1; width < threads; width *= 2) {
+    cora::block_threads([&](std::uint32_t t) {
+      if (t % (2 * width) == 0 && t + width < threads) partial[t] += partial[t + width];
+    });
+    cora::sync_block();
+  }
+  cora::block_threads([&](std::uint32_t t) {
+    if (t == 0) out[cora::block_idx()] = partial[0];
+  });
 }
 
 // Mixed parameter sizes and alignments: checks the canonical layout end to end.

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "cora/detail/cpu_kernel_abi.h"
 #include "cora/error.hpp"
 #include "support/device_fixture.hpp"
 
@@ -69,7 +70,7 @@ TEST(binary_format, AnX86ElfWithoutKernelRecordsIsRejected) {
 }
 
 TEST(binary_format, ContainerRoundTrips) {
-  std::vector<backend::kernel_desc> kernels{{"k_3", 3, {{8, 8}, {4, 4}}, true}};
+  std::vector<backend::kernel_desc> kernels{{"k_3", 3, {{8, 8}, {4, 4}}, true, 0}};
   std::vector<corabin_input> images{{binary_kind::cuda_ptx, 0, bytes_of(".version 8.0\n.target sm_90\n")}};
   auto c = write_corabin(images, kernels);
   std::error_code ec;
@@ -114,6 +115,31 @@ TEST(binary_format, EveryChangedByteOfAnImageFailsItsChecksum) {
       parse_corabin(bad, ec, message);
       ASSERT_EQ(ec, make_error_code(errc::invalid_binary)) << "byte " << i << " ^ " << flip;
       EXPECT_NE(message.find("checksum"), std::string::npos) << message;
+    }
+}
+
+TEST(binary_format, EveryChangedByteOfTheMetadataIsRejected) {
+  // Header, image table and kernel records are covered too: an edited parameter size or
+  // alignment must not pass for the image's own (issue 18, item 1).
+  std::vector<backend::kernel_desc> kernels{{"k_3", 3, {{8, 8}, {4, 4}}, true, 0},
+                                            {"other", std::nullopt, {{16, 16}}, true, 0}};
+  std::vector<corabin_input> images{{binary_kind::cuda_ptx, 0, bytes_of(".version 8.0\n.target sm_90\n")}};
+  const auto c = write_corabin(images, kernels);
+  std::error_code ec;
+  std::string message;
+  const auto parsed = parse_corabin(c, ec, message);
+  ASSERT_FALSE(ec) << message;
+  // Everything up to the end of the records (the padding before the first image means nothing).
+  std::uint64_t records_offset = 0;
+  std::memcpy(&records_offset, c.data() + 24, sizeof(records_offset));
+  const std::size_t meta_end = records_offset + kernels.size() * sizeof(cora_kernel_record);
+  ASSERT_LE(meta_end, static_cast<std::size_t>(parsed.images[0].bytes.data() - c.data()));
+  for (std::size_t i = 0; i < meta_end; ++i)
+    for (unsigned flip : {0x01u, 0x10u, 0x80u}) {
+      auto bad = c;
+      bad[i] ^= static_cast<std::byte>(flip);
+      parse_corabin(bad, ec, message);
+      ASSERT_EQ(ec, make_error_code(errc::invalid_binary)) << "byte " << i << " ^ " << flip;
     }
 }
 

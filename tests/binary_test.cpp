@@ -1,9 +1,13 @@
 #include "cora/binary.hpp"
 
+#include <atomic>
 #include <fstream>
+#include <thread>
 #include <iterator>
 #include <vector>
 
+#include "core/binary_format.hpp"
+#include "core/state.hpp"
 #include "support/device_fixture.hpp"
 
 namespace cora::test {
@@ -208,6 +212,124 @@ TEST_P(binary_test, ImagesLoadedOneAfterAnotherStayDistinct) {
     simple = binary();  // freed: its slot may be reused by the next load
   }
   EXPECT_EQ(keep.kernel("add_f32").params().size(), 4u);
+}
+
+// test_kernels.corabin rebuilt with its metadata edited, and a valid checksum: the edits must
+// be found against the image, whichever way it is loaded (issue 18, item 1).
+std::vector<std::byte> container_with_edited_metadata(const std::string& kernel, std::size_t param,
+                                                      std::uint32_t size, std::uint32_t align) {
+  const auto original = read_file(kernel_file("test_kernels.corabin"));
+  std::error_code ec;
+  std::string message;
+  auto parsed = detail::parse_corabin(original, ec, message);
+  if (ec) throw std::runtime_error(message);
+  for (auto& k : parsed.kernels)
+    if (k.name == kernel) {
+      if (size) k.params.at(param).size = size;
+      if (align) k.params.at(param).align = align;
+    }
+  std::vector<detail::corabin_input> images;
+  for (const auto& img : parsed.images)
+    images.push_back({img.kind, img.arch, std::vector<std::byte>(img.bytes.begin(), img.bytes.end())});
+  return detail::write_corabin(images, parsed.kernels);
+}
+
+// Loads `bytes` (lazily or not), then looks up `kernel`: one of the two must refuse it.
+void expect_refused(cora::device& dev, const std::vector<std::byte>& bytes, bool lazy, const std::string& kernel) {
+  std::error_code ec;
+  auto b = dev.load_binary(std::span<const std::byte>(bytes), {.lazy = lazy}).wait(ec);
+  if (!ec) b.kernel(kernel, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary)) << kernel << (lazy ? " (lazy)" : " (eager)");
+}
+
+TEST_P(binary_test, MetadataWithAnotherAlignmentThanTheImageIsRefused) {
+  const auto bytes = container_with_edited_metadata("add_f32", 1, 0, 16);
+  expect_refused(dev(), bytes, false, "add_f32");
+  expect_refused(dev(), bytes, true, "add_f32");
+}
+
+TEST_P(binary_test, MetadataWithAnotherParameterSizeThanTheImageIsRefused) {
+  const auto bytes = container_with_edited_metadata("scale_7", 2, 4, 4);
+  expect_refused(dev(), bytes, false, "scale_7");
+  expect_refused(dev(), bytes, true, "scale_7");
+}
+
+TEST_P(binary_test, RawCpuImageOutsideAContainerIsRefused) {
+  if (GetParam() != backend::cpu) GTEST_SKIP() << "CPU images run on the CPU device";
+  // Issue 18, item 2: ld.so trusts the bytes it maps, and a raw ELF has no checksum to check
+  // them against, so it is refused before dlopen, intact or not.
+  auto image = read_file(kernel_file("test_kernels.cora/test_kernels.cpu.so"));
+  ASSERT_FALSE(image.empty());
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1)
+      for (std::size_t i = 64; i < image.size(); i += 97) image[i] ^= std::byte{0x5a};
+    try {
+      dev().load_binary(std::span<const std::byte>(image)).wait();
+      ADD_FAILURE() << "a raw CPU image loaded, round " << round;
+    } catch (const cora::error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_binary) << round;
+      EXPECT_NE(std::string(e.what()).find("container"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_P(binary_test, SixteenThreadsLookUpOneKernelAtOnce) {
+  // The first lookup resolves the kernel (function, layout); concurrent first lookups must all
+  // get it, whole, once.
+  for (bool lazy : {false, true}) {
+    auto b = dev().load_binary(kernel_file("test_kernels.corabin"), {.lazy = lazy}).wait();
+    constexpr int threads = 16;
+    std::atomic<int> arrived{0};
+    std::vector<cora::kernel> got(threads);
+    std::vector<std::string> errors(threads);
+    std::vector<std::thread> ts;
+    for (int i = 0; i < threads; ++i)
+      ts.emplace_back([&, i] {
+        arrived.fetch_add(1);
+        while (arrived.load() < threads) std::this_thread::yield();
+        try {
+          got[i] = b.kernel("add_f32");
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (int i = 0; i < threads; ++i) {
+      ASSERT_TRUE(errors[i].empty()) << errors[i];
+      ASSERT_TRUE(got[i]) << i;
+      ASSERT_EQ(got[i].params().size(), 4u) << i;
+      EXPECT_EQ(got[i].args_size(), 32u) << i;
+      EXPECT_EQ(got[i].state()->function, got[0].state()->function) << i;
+    }
+    // Each handle launches.
+    auto s = dev().make_stream();
+    const std::size_t n = 1000;
+    auto x = dev().alloc<float>(n), z = dev().alloc<float>(n);
+    std::vector<float> hx(n, 1.5f), hz(n);
+    s.copy(x.data(), hx.data(), n * 4).wait();
+    for (int i = 0; i < threads; ++i) s.launch(got[i], {.grid = 4}, x.data(), x.data(), z.data(), std::uint64_t{n});
+    s.copy(hz.data(), z.data(), n * 4).wait();
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hz[i], 3.0f) << i;
+  }
+}
+
+TEST_P(binary_test, MissingKernelAfterALazyLoadIsTheSameErrorAsAfterAnEagerOne) {
+  std::string what[2];
+  for (bool lazy : {false, true}) {
+    auto b = dev().load_binary(kernel_file("test_kernels.corabin"), {.lazy = lazy}).wait();
+    try {
+      b.kernel("no_such_kernel");
+      ADD_FAILURE() << "found a kernel that is not there";
+    } catch (const cora::error& e) {
+      EXPECT_EQ(e.code(), errc::kernel_not_found);
+      what[lazy] = e.what();
+    }
+    std::error_code ec;
+    b.kernel_by_entry(123456, ec);
+    EXPECT_EQ(ec, make_error_code(errc::kernel_not_found));
+  }
+  EXPECT_EQ(what[0], what[1]);
+  EXPECT_NE(what[0].find("no_such_kernel"), std::string::npos) << what[0];
 }
 
 TEST_P(binary_test, LoadFromAnEmptySpanIsInvalid) {

@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_image.hpp"
 #include "core/binary_format.hpp"
 #include "cora/detail/arg_layout.hpp"
+#include "cora/detail/cpu_kernel_abi.h"
 #include "io/file_reader.hpp"
 
 namespace {
@@ -26,10 +27,18 @@ struct kernel_row {
   std::optional<std::uint64_t> entry;
   std::vector<cora::param_info> params;  // canonical offsets
   std::size_t block = 0;
+  std::string cpu_path;  // for kernels with a CPU image: the path their threads take
 };
 
-kernel_row row_of(const kernel_desc& k) {
-  kernel_row r{k.name, k.entry_key, {}, 0};
+// The CPU-device path a kernel's source reads as (docs/kernels.md).
+std::string cpu_path_of(const kernel_desc& k) {
+  if (k.form & CORA_KERNEL_FLAG_PHASED) return "phased";
+  if (k.form & CORA_KERNEL_FLAG_RAW_BARRIER) return "fibers";
+  return "loop";
+}
+
+kernel_row row_of(const kernel_desc& k, bool cpu = false) {
+  kernel_row r{k.name, k.entry_key, {}, 0, cpu ? cpu_path_of(k) : std::string()};
   std::uint64_t key;
   if (!r.entry && cora::detail::entry_key_of(k.name, key)) r.entry = key;
   std::size_t end = 0;
@@ -44,18 +53,28 @@ kernel_row row_of(const kernel_desc& k) {
 
 void print_kernels(const std::vector<kernel_row>& rows) {
   std::size_t width = 6;
-  for (const auto& r : rows) width = std::max(width, r.name.size());
-  std::printf("  %-*s  %5s  %5s  %s\n", static_cast<int>(width), "kernel", "entry", "block",
-              "parameters: size/align@offset");
+  bool cpu = false;
+  for (const auto& r : rows) {
+    width = std::max(width, r.name.size());
+    cpu = cpu || !r.cpu_path.empty();
+  }
+  std::printf("  %-*s  %5s  %5s  %s%s\n", static_cast<int>(width), "kernel", "entry", "block",
+              cpu ? "cpu path  " : "", "parameters: size/align@offset");
   for (const auto& r : rows) {
     std::string params;
     for (const auto& p : r.params)
       params += (params.empty() ? "" : " ") + std::to_string(p.size) + "/" + std::to_string(p.align) + "@" +
                 std::to_string(p.offset);
     if (r.params.empty()) params = "(none)";
-    std::printf("  %-*s  %5s  %5zu  %s\n", static_cast<int>(width), r.name.c_str(),
-                r.entry ? std::to_string(*r.entry).c_str() : "-", r.block, params.c_str());
+    std::string path = cpu ? r.cpu_path : std::string();
+    if (cpu) path.resize(10, ' ');
+    std::printf("  %-*s  %5s  %5zu  %s%s\n", static_cast<int>(width), r.name.c_str(),
+                r.entry ? std::to_string(*r.entry).c_str() : "-", r.block, path.c_str(), params.c_str());
   }
+  if (cpu)
+    std::printf("  cpu path (blocks of more than one thread on the CPU device, as the source reads;\n"
+                "  docs/kernels.md): loop = the threads as a loop; phased = each block_threads an\n"
+                "  inner loop; fibers = the fallback for a raw sync_block (slow)\n");
 }
 
 std::string fatbin_summary(std::span<const std::byte> image) {
@@ -116,7 +135,9 @@ int inspect_offline(const std::string& path, const std::vector<std::byte>& bytes
         std::printf("  [%zu] %-12s %9zu bytes%s%s\n", i, cora::detail::binary_kind_name(img.kind),
                     img.bytes.size(), summary.empty() ? "" : "  ", summary.c_str());
       }
-      for (const auto& k : c.kernels) rows.push_back(row_of(k));
+      bool has_cpu = false;
+      for (const auto& img : c.images) has_cpu = has_cpu || img.kind == binary_kind::cpu_elf;
+      for (const auto& k : c.kernels) rows.push_back(row_of(k, has_cpu));
       source = "the container's metadata";
       if (rows.empty()) {
         for (const auto& img : c.images)
@@ -131,7 +152,7 @@ int inspect_offline(const std::string& path, const std::vector<std::byte>& bytes
         std::printf("malformed CPU image: %s\n", message.c_str());
         return 1;
       }
-      for (const auto& k : records) rows.push_back(row_of(k));
+      for (const auto& k : records) rows.push_back(row_of(k, true));
       source = "the image's kernel records";
       break;
     }
@@ -175,7 +196,7 @@ int inspect_on_device(const std::string& path, std::size_t index) {
   std::vector<kernel_row> rows;
   for (const auto& name : bin.kernel_names()) {
     const cora::kernel k = bin.kernel(name);
-    kernel_row r{name, k.entry_key(), {}, k.args_size()};
+    kernel_row r{name, k.entry_key(), {}, k.args_size(), {}};
     r.params.assign(k.params().begin(), k.params().end());
     rows.push_back(std::move(r));
   }

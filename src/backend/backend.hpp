@@ -52,18 +52,32 @@ struct kernel_desc {
   std::optional<std::uint64_t> entry_key;
   std::vector<param_desc> params;
   bool params_known = true;  // false when the backend cannot report the parameter layout
+  std::uint32_t form = 0;    // CORA_KERNEL_FLAG_PHASED / _RAW_BARRIER of a CPU kernel's source
 };
 
-/// A loaded kernel image.
+/// A loaded kernel image. Loading reads no more than it must: a kernel's handle, parameter
+/// layout and attributes are resolved by find() at its first lookup.
 class module {
  public:
   virtual ~module() = default;
-  /// The kernels the image defines.
+  /// Lists the kernels the image defines, for images without metadata of their own (a backend
+  /// may do it at load, or only here).
+  virtual bool list_kernels(std::error_code& ec, std::string& message) {
+    ec.clear();
+    (void)message;
+    return true;
+  }
+  /// The kernels listed so far (all of them after list_kernels).
   virtual const std::vector<kernel_desc>& kernels() const = 0;
   /// Backend handle of kernel `index` (of kernels()), resolved once.
   virtual void* function(std::size_t index, std::error_code& ec, std::string& message) = 0;
   /// The backend's own handle (CUmodule on CUDA; null where there is none).
   virtual void* native_handle() const noexcept { return nullptr; }
+  /// Kernel `name`: its handle, and in `layout` the parameters as the image reports them
+  /// (params_known false when it reports none). Resolved at the first call and cached; safe
+  /// from several threads at once. errc::kernel_not_found when the image lacks it.
+  virtual void* find(const std::string& name, kernel_desc& layout, std::error_code& ec,
+                     std::string& message) = 0;
 };
 
 /// Backend side of an event.

@@ -80,6 +80,43 @@ std::string device_label(device_state& dev) {
 
 }  // namespace
 
+namespace {
+
+// The container's metadata must be the CPU image's own records, exactly: the image unpacks its
+// arguments by its records, so a layout that differs would make a launch read garbage.
+bool same_as_image(const std::vector<backend::kernel_desc>& declared,
+                   const std::vector<backend::kernel_desc>& image, std::error_code& ec,
+                   std::string& message) {
+  auto mismatch = [&](const std::string& what) {
+    ec = make_error_code(errc::invalid_binary);
+    message = "the container's kernel metadata does not match its CPU image: " + what;
+    return false;
+  };
+  if (declared.size() != image.size())
+    return mismatch(std::to_string(declared.size()) + " kernels in the metadata, " +
+                    std::to_string(image.size()) + " in the image");
+  for (const auto& d : declared) {
+    auto it = std::find_if(image.begin(), image.end(),
+                           [&](const backend::kernel_desc& k) { return k.name == d.name; });
+    if (it == image.end()) return mismatch("kernel '" + d.name + "' is not in the image");
+    if (it->entry_key != d.entry_key) return mismatch("kernel '" + d.name + "' has another entry key");
+    if (it->params.size() != d.params.size())
+      return mismatch("kernel '" + d.name + "' has " + std::to_string(it->params.size()) +
+                      " parameters in the image but " + std::to_string(d.params.size()) + " in its metadata");
+    for (std::size_t i = 0; i < d.params.size(); ++i)
+      if (it->params[i].size != d.params[i].size || it->params[i].align != d.params[i].align)
+        return mismatch("parameter " + std::to_string(i) + " of kernel '" + d.name + "' is " +
+                        std::to_string(it->params[i].size) + " bytes aligned to " +
+                        std::to_string(it->params[i].align) + " in the image but " +
+                        std::to_string(d.params[i].size) + " aligned to " +
+                        std::to_string(d.params[i].align) + " in its metadata");
+  }
+  ec.clear();
+  return true;
+}
+
+}  // namespace
+
 std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> dev,
                                                 std::vector<std::byte> bytes,
                                                 const load_options& options, std::error_code& ec,
@@ -113,10 +150,28 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
       image_kind = img->kind;
       declared = container.kernels;
       have_declared = !declared.empty();
+      if (img->kind == binary_kind::cpu_elf) {
+        // Checked on every load, lazy or not, before anything trusts the metadata.
+        const auto own = read_cpu_kernel_records(image, ec, message);
+        if (ec) return nullptr;
+        if (!have_declared) {
+          declared = own;
+          have_declared = true;
+        } else if (!same_as_image(declared, own, ec, message)) {
+          return nullptr;
+        }
+      }
       st->format = std::string("corabin/") + binary_kind_name(img->kind);
       break;
     }
     case binary_kind::cpu_elf:
+      // The dynamic loader trusts the bytes it maps, and corrupt relocations or headers crash
+      // it; a raw shared object has no checksum to check them against first. CPU images are
+      // therefore loaded only from a container, whose checksums cover image and metadata.
+      ec = make_error_code(errc::invalid_binary);
+      message = "a CPU kernel image loads only inside a .corabin container (cora-pack --cpu "
+                "IMAGE), whose checksums guard the dynamic loader against corrupt bytes";
+      return nullptr;
     case binary_kind::cuda_cubin:
     case binary_kind::cuda_fatbin:
     case binary_kind::cuda_ptx:
@@ -126,11 +181,6 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
         return nullptr;
       }
       st->format = binary_kind_name(kind);
-      if (kind == binary_kind::cpu_elf) {
-        declared = read_cpu_kernel_records(bytes, ec, message);
-        if (ec) return nullptr;
-        have_declared = true;
-      }
       break;
     case binary_kind::foreign_elf:
       ec = make_error_code(errc::invalid_binary);
@@ -144,85 +194,103 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
   st->image_kind = to_image_kind(image_kind);
   if (options.lazy && have_declared) {
     st->image.assign(image.begin(), image.end());
-    st->kernels = std::move(declared);
-    ec.clear();
-    return st;
-  }
-  auto m = dev->backend->load(image, st->image_kind, ec, message);
-  if (ec) return nullptr;
-  st->module = std::shared_ptr<backend::module>(std::move(m));
-  st->kernels = st->module->kernels();
-  if (have_declared) {
-    // The container's metadata must agree with what the device reports.
-    for (const auto& d : declared) {
-      auto it = std::find_if(st->kernels.begin(), st->kernels.end(),
-                             [&](const backend::kernel_desc& k) { return k.name == d.name; });
-      if (it == st->kernels.end()) continue;
-      if (!it->params_known) {
-        it->params = d.params;
-        it->params_known = true;
-      } else if (it->params.size() != d.params.size()) {
-        ec = make_error_code(errc::invalid_binary);
-        message = "kernel '" + d.name + "' has " + std::to_string(it->params.size()) +
-                  " parameters in the image but " + std::to_string(d.params.size()) + " in its metadata";
-        return nullptr;
-      } else {
-        // Some backends know only offsets and sizes (CUDA) and guess alignments; the metadata
-        // has the signature's, which fix the canonical layout. Sizes must agree.
-        for (std::size_t i = 0; i < d.params.size(); ++i) {
-          if (it->params[i].size != d.params[i].size) {
-            ec = make_error_code(errc::invalid_binary);
-            message = "parameter " + std::to_string(i) + " of kernel '" + d.name + "' has " +
-                      std::to_string(it->params[i].size) + " bytes in the image but " +
-                      std::to_string(d.params[i].size) + " in its metadata";
-            return nullptr;
-          }
-          it->params[i].align = d.params[i].align;
-        }
-      }
-      if (!it->entry_key) it->entry_key = d.entry_key;
+  } else {
+    auto m = dev->backend->load(image, st->image_kind, ec, message);
+    if (ec) return nullptr;
+    st->module = std::shared_ptr<backend::module>(std::move(m));
+    // An image without metadata lists its kernels now; otherwise each is resolved at its
+    // first lookup.
+    if (!have_declared) {
+      if (!st->module->list_kernels(ec, message)) return nullptr;
+      declared = st->module->kernels();
     }
   }
+  st->kernels = std::move(declared);
   for (auto& k : st->kernels) {
     std::uint64_t key;
     if (!k.entry_key && entry_key_of(k.name, key)) k.entry_key = key;
   }
+  st->resolved.reset(new binary_state::resolved_kernel[st->kernels.size()]);
   ec.clear();
   return st;
 }
 
-std::shared_ptr<kernel_state> make_kernel(const std::shared_ptr<binary_state>& b, std::size_t index,
-                                          std::error_code& ec) {
-  std::string message;
-  auto module = b->ensure_loaded(ec, message);
-  if (ec) {
-    if (!message.empty()) set_error(ec, ec, message);
-    return nullptr;
+namespace {
+
+// Resolves kernels[index] of `b`: the module's function, checked against the metadata.
+bool resolve(binary_state& b, std::size_t index, std::error_code& ec, std::string& message) {
+  auto module = b.ensure_loaded(ec, message);
+  if (ec) return false;
+  const auto& want = b.kernels[index];
+  backend::kernel_desc image;
+  void* fn = module->find(want.name, image, ec, message);
+  if (ec) return false;
+  if (image.params_known) {
+    if (image.params.size() != want.params.size()) {
+      ec = make_error_code(errc::invalid_binary);
+      message = "kernel '" + want.name + "' has " + std::to_string(image.params.size()) +
+                " parameters in the image but " + std::to_string(want.params.size()) + " in its metadata";
+      return false;
+    }
+    // Some backends know only offsets and sizes (CUDA) and guess alignments; the metadata has
+    // the signature's, which fix the canonical layout. Sizes must agree, and alignments too
+    // where the image's are exact (the CPU device). A guess (the largest power of two up to 16
+    // dividing offset and size) is at least the real alignment, so a larger one in the
+    // metadata is wrong too.
+    const bool exact = b.device->properties.backend == backend_kind::cpu;
+    for (std::size_t i = 0; i < want.params.size(); ++i) {
+      const auto& have = image.params[i];
+      const auto& meta = want.params[i];
+      const bool align_wrong = exact ? have.align != meta.align : meta.align > have.align && have.align < 16;
+      if (have.size != meta.size || align_wrong) {
+        ec = make_error_code(errc::invalid_binary);
+        message = "parameter " + std::to_string(i) + " of kernel '" + want.name + "' has " +
+                  std::to_string(have.size) + " bytes in the image but " + std::to_string(meta.size) +
+                  " in its metadata";
+        if (have.size == meta.size)
+          message = "parameter " + std::to_string(i) + " of kernel '" + want.name +
+                    "' is aligned to " + std::to_string(have.align) + " in the image but " +
+                    std::to_string(meta.align) + " in its metadata";
+        return false;
+      }
+    }
   }
-  const auto& want = b->kernels[index];
-  const auto& loaded = module->kernels();
-  std::size_t mi = 0;
-  while (mi < loaded.size() && loaded[mi].name != want.name) ++mi;
-  if (mi == loaded.size()) {
-    set_error(ec, errc::kernel_not_found, "kernel '" + want.name + "' is not in the loaded image");
-    return nullptr;
-  }
-  void* fn = module->function(mi, ec, message);
-  if (ec) {
-    set_error(ec, ec, message);
-    return nullptr;
-  }
-  auto k = std::make_shared<kernel_state>();
-  k->binary = b;
-  k->desc = &want;
-  k->function = fn;
+  auto& r = b.resolved[index];
+  r.function = fn;
+  r.params.clear();
   std::size_t end = 0;
   for (const auto& p : want.params) {
     const std::size_t off = next_param_offset(end, p.align);
-    k->params.push_back({off, p.size, p.align});
+    r.params.push_back({off, p.size, p.align});
     end = off + p.size;
   }
-  k->args_size = align_up(end, 8);
+  r.args_size = align_up(end, 8);
+  r.ready.store(true, std::memory_order_release);
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<kernel_state> make_kernel(const std::shared_ptr<binary_state>& b, std::size_t index,
+                                          std::error_code& ec) {
+  auto& r = b->resolved[index];
+  if (!r.ready.load(std::memory_order_acquire)) {
+    // First lookups of any kernel of the binary take turns; later ones never lock.
+    std::lock_guard lock(b->resolve_mutex);
+    if (!r.ready.load(std::memory_order_acquire)) {
+      std::string message;
+      if (!resolve(*b, index, ec, message)) {
+        set_error(ec, ec, message);
+        return nullptr;
+      }
+    }
+  }
+  auto k = std::make_shared<kernel_state>();
+  k->binary = b;
+  k->desc = &b->kernels[index];
+  k->function = r.function;
+  k->params = r.params;
+  k->args_size = r.args_size;
   ec.clear();
   return k;
 }

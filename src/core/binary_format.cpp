@@ -3,6 +3,7 @@
 #include <elf.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -18,7 +19,9 @@ namespace {
 constexpr char corabin_magic[8] = {'C', 'O', 'R', 'A', 'B', 'I', 'N', '1'};
 // Version 2: the image checksum is the four-lane word hash below (version 1 used bytewise
 // FNV-1a, whose one-multiply-per-byte chain cost most of a load_binary of a small container).
-constexpr std::uint32_t corabin_version = 2;
+// Version 3: the header, image table and kernel records have a checksum of their own, so an
+// edited parameter layout cannot pass for the image's.
+constexpr std::uint32_t corabin_version = 3;
 constexpr std::uint32_t max_images = 16;
 constexpr std::uint32_t max_kernels = 4096;
 constexpr std::size_t max_args_block = 64 * 1024;
@@ -32,8 +35,9 @@ struct corabin_header {
   std::uint32_t header_size;
   std::uint32_t image_count;
   std::uint32_t kernel_count;
-  std::uint64_t records_offset;
+  std::uint64_t records_offset;  // right after the image table
   std::uint64_t total_size;
+  std::uint64_t meta_checksum;   // image_checksum() of header, table and records, this field 0
 };
 struct corabin_entry {
   std::uint32_t kind;
@@ -73,6 +77,17 @@ std::uint64_t image_checksum(std::span<const std::byte> bytes) noexcept {
   for (std::uint64_t l : lane) h = (h ^ l) * prime;
   for (; i < n; ++i) h = (h ^ static_cast<std::uint8_t>(bytes[i])) * prime;
   return (h ^ n) * prime;
+}
+
+// The checksum of a container's metadata, bytes [0, end), with the header's own field zeroed.
+std::uint64_t meta_checksum(std::span<const std::byte> bytes, std::size_t end) {
+  corabin_header h;
+  if (end < sizeof(h) || !read_at(bytes, 0, h)) return 0;
+  h.meta_checksum = 0;
+  std::vector<std::byte> meta(end);
+  std::memcpy(meta.data(), &h, sizeof(h));
+  std::memcpy(meta.data() + sizeof(h), bytes.data() + sizeof(h), end - sizeof(h));
+  return image_checksum(meta);
 }
 
 bool fail(std::error_code& ec, std::string& message, std::string what) {
@@ -135,6 +150,7 @@ bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
     if (!names.insert(k.name).second)
       return fail(ec, message, "kernel '" + k.name + "' is defined twice");
     if (r.flags & CORA_KERNEL_FLAG_HAS_ENTRY_KEY) k.entry_key = r.entry_key;
+    k.form = r.flags & (CORA_KERNEL_FLAG_PHASED | CORA_KERNEL_FLAG_RAW_BARRIER);
     for (std::uint32_t p = 0; p < r.param_count; ++p) {
       const std::uint32_t size = r.param_size[p], align = r.param_align[p];
       if (size == 0 || size > max_args_block || align == 0 || (align & (align - 1)) != 0 ||
@@ -273,8 +289,13 @@ corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std
     return {};
   }
   const std::uint64_t records_size = std::uint64_t{h.kernel_count} * sizeof(cora_kernel_record);
-  if (!in_bounds(bytes, h.records_offset, records_size)) {
-    fail(ec, message, "corabin kernel records are truncated");
+  if (h.records_offset != table + std::uint64_t{h.image_count} * sizeof(corabin_entry) ||
+      !in_bounds(bytes, h.records_offset, records_size)) {
+    fail(ec, message, "corabin kernel records are truncated or misplaced");
+    return {};
+  }
+  if (meta_checksum(bytes, h.records_offset + records_size) != h.meta_checksum) {
+    fail(ec, message, "corabin metadata (header, image table, kernel records) fails its checksum");
     return {};
   }
   if (!read_records(bytes.subspan(h.records_offset, records_size), h.kernel_count, out.kernels,
@@ -333,6 +354,7 @@ std::vector<std::byte> write_corabin(const std::vector<corabin_input>& images,
     std::memcpy(r.magic, CORA_KERNEL_RECORD_MAGIC, 8);
     r.record_size = sizeof(r);
     r.param_count = static_cast<std::uint32_t>(kernels[i].params.size());
+    r.flags = kernels[i].form & (CORA_KERNEL_FLAG_PHASED | CORA_KERNEL_FLAG_RAW_BARRIER);
     std::memcpy(r.name, kernels[i].name.data(),
                 std::min(kernels[i].name.size(), sizeof(r.name) - 1));
     if (kernels[i].entry_key) {
@@ -347,6 +369,8 @@ std::vector<std::byte> write_corabin(const std::vector<corabin_input>& images,
   }
   for (std::size_t i = 0; i < images.size(); ++i)
     std::memcpy(out.data() + entries[i].offset, images[i].bytes.data(), images[i].bytes.size());
+  h.meta_checksum = meta_checksum(out, h.records_offset + kernels.size() * sizeof(cora_kernel_record));
+  std::memcpy(out.data(), &h, sizeof(h));
   return out;
 }
 

@@ -223,10 +223,27 @@ std::string quoted(const std::filesystem::path& p) {
   return out;
 }
 
+// In-memory images up to this size load on the CPU device on the calling thread: the work is a
+// checksum pass and a dlopen of the loadable part, well under a millisecond, less than a hop.
+constexpr std::size_t inline_cpu_load_bytes = std::size_t{4} << 20;
+
 pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
                             detail::intrusive_ptr<detail::async_state<binary>> st,
                             std::vector<std::byte> bytes, const load_options& options) {
-  // Loading calls into the driver: never on the caller's executor.
+  if (dev->properties.backend == backend_kind::cpu && bytes.size() <= inline_cpu_load_bytes) {
+    std::error_code ec;
+    std::string message;
+    auto b = detail::load_binary_image(dev, std::move(bytes), options, ec, message);
+    if (ec) {
+      st->complete(ec, message);
+    } else {
+      st->set_value(binary(std::move(b)));
+      st->complete({});
+    }
+    return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(st), 0));
+  }
+  // A GPU load calls into the driver, which may wait for the whole device: never on the
+  // caller's executor.
   asio::post(detail::host_pool(), [dev = std::move(dev), st, bytes = std::move(bytes), options]() mutable {
     std::error_code ec;
     std::string message;
@@ -258,7 +275,7 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
     st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
     return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
   }
-  // The read goes through the I/O queue; its callback runs on the queue's thread, so the
+  // The read goes through the I/O queue; its callback runs on the queue's thread, so a GPU
   // load (a driver call that may take long) is handed to the host pool.
   detail::read_whole_file(path, [dev = state(), st, options, path](std::error_code ec, std::string message,
                                                                std::vector<std::byte> bytes) mutable {
@@ -270,8 +287,11 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
       st->complete(make_error_code(errc::invalid_binary), quoted(path) + " is empty");
       return;
     }
-    asio::post(detail::host_pool(), [dev = std::move(dev), st, bytes = std::move(bytes), options,
-                                     path = std::move(path)]() mutable {
+    // A small CPU image is loaded right here (see inline_cpu_load_bytes); anything else on
+    // the host pool.
+    const bool here = dev->properties.backend == backend_kind::cpu && bytes.size() <= inline_cpu_load_bytes;
+    auto load = [dev = std::move(dev), st, bytes = std::move(bytes), options,
+                 path = std::move(path)]() mutable {
       std::error_code e;
       std::string m;
       auto b = detail::load_binary_image(dev, std::move(bytes), options, e, m);
@@ -281,7 +301,11 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
       }
       st->set_value(binary(std::move(b)));
       st->complete({});
-    });
+    };
+    if (here)
+      load();
+    else
+      asio::post(detail::host_pool(), std::move(load));
   });
   return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
 }

@@ -518,6 +518,15 @@ class binary_state {
   std::vector<std::byte> image;             // kept until the module is loaded (lazy loads)
   backend::image_kind image_kind = backend::image_kind::cpu_elf;
   std::atomic<bool> unloaded{false};
+  /// What the first lookup of kernels[i] resolved: its function and canonical layout.
+  struct resolved_kernel {
+    std::atomic<bool> ready{false};
+    void* function = nullptr;
+    std::vector<param_info> params;
+    std::size_t args_size = 0;
+  };
+  std::unique_ptr<resolved_kernel[]> resolved;  // one per kernel
+  std::mutex resolve_mutex;                     // held by first lookups only
 
   ~binary_state();
   /// Loads the module if needed.

@@ -27,16 +27,27 @@ struct cora_kernel_record {
 };
 
 #define CORA_KERNEL_FLAG_HAS_ENTRY_KEY 1u
+// The CPU-device path the kernel's source reads as (docs/kernels.md), for tools: it calls
+// cora::block_threads (the phased form), or cora::sync_block outside it (the fiber fallback).
+#define CORA_KERNEL_FLAG_PHASED 2u
+#define CORA_KERNEL_FLAG_RAW_BARRIER 4u
 
-// What a block sees of its launch. The image keeps a thread-local pointer to it while a block
-// runs; cora::block_idx() and friends read it.
+// What a block sees of its launch. The image copies it into the state of the blocks it runs;
+// cora::block_idx() and friends read that copy.
 struct cora_cpu_launch {
   uint32_t grid[3];
   uint32_t block_index;       // linear block index of the block being run
   uint32_t block_count;       // grid[0] * grid[1] * grid[2]
   uint64_t deadline_ns;       // CLOCK_MONOTONIC deadline for cora::checkpoint(); 0 = none
   const volatile uint32_t* abort_flag;  // set by the device to stop a launch early; may be null
+  uint32_t block[3];          // threads per block in each dimension
+  uint32_t block_threads;     // block[0] * block[1] * block[2] (cora::block_dim())
 };
+
+// Bytes of block shared memory (CORA_SHARED) a CPU-device block may use, as CUDA's static limit.
+#define CORA_CPU_SHARED_BYTES (48 * 1024)
+// Most threads a CPU-device block may have.
+#define CORA_CPU_MAX_BLOCK_THREADS 1024
 
 // Status a kernel entry returns.
 enum cora_cpu_status {

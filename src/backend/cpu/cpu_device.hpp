@@ -74,6 +74,9 @@ struct op {
   const void* device_args = nullptr;
   std::uint32_t grid = 0;
   std::uint32_t batch = 1;
+  // A launch's blocks in `slices` contiguous ranges, one a worker; claimed[i] once taken.
+  std::uint32_t slices = 0;
+  std::unique_ptr<std::atomic<std::uint8_t>[]> claimed;
   std::uint64_t timeout_ns = 0;
   cora_cpu_launch launch{};
   volatile std::uint32_t abort = 0;
@@ -107,7 +110,7 @@ class worker_pool {
   unsigned size() const noexcept { return static_cast<unsigned>(threads_.size()); }
 
  private:
-  void run();
+  void run(unsigned index);
   cpu_device& device_;
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -192,7 +195,7 @@ class cpu_device final : public device {
 
   // Used by streams and workers.
   void start(op* o);
-  void run_piece(op* o);
+  void run_piece(op* o, unsigned worker);
   /// What every launch must satisfy on this device; false with ec and message set.
   bool check_launch(const launch_config& cfg, std::error_code& ec, std::string& message) const;
   /// The next child op of graph launch `parent`, or null when it has run (or failed).
@@ -215,7 +218,8 @@ class cpu_device final : public device {
 
  private:
   void finish(op* o);
-  void execute(op* o);
+  void execute(op* o, unsigned worker);
+  void run_slice(op* o, std::uint32_t slice);
   void run_injected(op* o);
 
   device_info info_;

@@ -1,40 +1,96 @@
 #include "backend/cpu/cpu_module.hpp"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
-#include "core/binary_format.hpp"
 #include "cora/error.hpp"
 
 namespace cora::backend::cpu {
 
+namespace {
+
+bool write_all(int fd, const std::byte* p, std::size_t n) {
+  std::size_t written = 0;
+  while (written < n) {
+    const ssize_t w = ::write(fd, p + written, n - written);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      return false;
+    }
+    written += static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+// CORA_CPU_FULL_IMAGES=1 keeps the whole image in the memory file (debug sections included),
+// for debuggers that read symbols from the loaded file.
+bool full_images() {
+  static const bool full = [] {
+    const char* v = std::getenv("CORA_CPU_FULL_IMAGES");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return full;
+}
+
+}  // namespace
+
+std::size_t loadable_size(std::span<const std::byte> image) noexcept {
+  Elf64_Ehdr eh;
+  if (image.size() < sizeof(eh)) return image.size();
+  std::memcpy(&eh, image.data(), sizeof(eh));
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phoff > image.size() ||
+      (image.size() - eh.e_phoff) / sizeof(Elf64_Phdr) < eh.e_phnum)
+    return image.size();
+  std::uint64_t end = eh.e_phoff + std::uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
+  for (unsigned i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph;
+    std::memcpy(&ph, image.data() + eh.e_phoff + i * sizeof(Elf64_Phdr), sizeof(ph));
+    if (ph.p_offset > image.size() || ph.p_filesz > image.size() - ph.p_offset) return image.size();
+    if (ph.p_type == PT_LOAD || ph.p_type == PT_DYNAMIC || ph.p_type == PT_NOTE ||
+        ph.p_type == PT_GNU_EH_FRAME || ph.p_type == PT_INTERP || ph.p_type == PT_TLS)
+      end = std::max<std::uint64_t>(end, ph.p_offset + ph.p_filesz);
+  }
+  return static_cast<std::size_t>(end);
+}
+
 std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, std::error_code& ec,
                                              std::string& message) {
-  auto kernels = detail::read_cpu_kernel_records(image, ec, message);
-  if (ec) return nullptr;
-
-  // dlopen needs a file: an anonymous memory file, never a path on disk.
+  // The kernel records were read and checked by the core (against the container's metadata,
+  // which its checksum covers); entries are found by name at their first lookup.
+  // dlopen needs a file: an anonymous memory file, never a path on disk. It gets the bytes the
+  // loader maps, without the section table (which the loader never reads), so a large image
+  // with debug information costs no more to load than a stripped one.
+  const std::size_t size = full_images() ? image.size() : loadable_size(image);
   const int fd = ::memfd_create("cora-kernel-image", MFD_CLOEXEC);
   if (fd < 0) {
     ec = std::error_code(errno, std::system_category());
     message = "memfd_create failed";
     return nullptr;
   }
-  std::size_t written = 0;
-  while (written < image.size()) {
-    const ssize_t n = ::write(fd, image.data() + written, image.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ec = std::error_code(errno ? errno : EIO, std::system_category());
-      message = "writing the kernel image to memory failed";
-      ::close(fd);
-      return nullptr;
-    }
-    written += static_cast<std::size_t>(n);
+  bool ok;
+  if (size < image.size()) {
+    Elf64_Ehdr eh;
+    std::memcpy(&eh, image.data(), sizeof(eh));
+    eh.e_shoff = 0;
+    eh.e_shnum = 0;
+    eh.e_shstrndx = SHN_UNDEF;
+    ok = write_all(fd, reinterpret_cast<const std::byte*>(&eh), sizeof(eh)) &&
+         write_all(fd, image.data() + sizeof(eh), size - sizeof(eh));
+  } else {
+    ok = write_all(fd, image.data(), image.size());
+  }
+  if (!ok) {
+    ec = std::error_code(errno, std::system_category());
+    message = "writing the kernel image to memory failed";
+    ::close(fd);
+    return nullptr;
   }
   // The file stays open while the image is loaded: dlopen returns an already loaded object of
   // the same name, and "/proc/self/fd/N" names repeat once N is closed and reused.
@@ -50,17 +106,6 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
   std::unique_ptr<cpu_module> m(new cpu_module);
   m->handle_ = handle;
   m->fd_ = fd;
-  m->kernels_ = std::move(kernels);
-  m->entries_.resize(m->kernels_.size(), nullptr);
-  for (std::size_t i = 0; i < m->kernels_.size(); ++i) {
-    const std::string symbol = CORA_KERNEL_ENTRY_PREFIX + m->kernels_[i].name;
-    m->entries_[i] = ::dlsym(handle, symbol.c_str());
-    if (!m->entries_[i]) {
-      ec = make_error_code(errc::invalid_binary);
-      message = "the kernel image lacks the entry of kernel '" + m->kernels_[i].name + "'";
-      return nullptr;
-    }
-  }
   ec.clear();
   return m;
 }
@@ -71,13 +116,27 @@ cpu_module::~cpu_module() {
 }
 
 void* cpu_module::function(std::size_t index, std::error_code& ec, std::string& message) {
-  if (index >= entries_.size()) {
+  (void)index;
+  ec = make_error_code(errc::kernel_not_found);
+  message = "the CPU device finds kernels by name";
+  return nullptr;
+}
+
+void* cpu_module::find(const std::string& name, kernel_desc& layout, std::error_code& ec,
+                       std::string& message) {
+  // dlsym is thread-safe; the core calls this once per kernel and caches the result.
+  const std::string symbol = CORA_KERNEL_ENTRY_PREFIX + name;
+  void* entry = ::dlsym(handle_, symbol.c_str());
+  if (!entry) {
     ec = make_error_code(errc::kernel_not_found);
-    message = "no such kernel";
+    message = "kernel '" + name + "' is not in the loaded image";
     return nullptr;
   }
+  layout = kernel_desc{};
+  layout.name = name;
+  layout.params_known = false;  // the image's records were checked against the metadata at load
   ec.clear();
-  return entries_[index];
+  return entry;
 }
 
 }  // namespace cora::backend::cpu

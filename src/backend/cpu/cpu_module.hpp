@@ -1,6 +1,10 @@
-// A CPU kernel image loaded into the process (dlopen of an in-memory file).
+// A CPU kernel image loaded into the process: the loadable part of the shared object written to
+// an anonymous memory file and dlopen-ed. Kernel entries are looked up by name at their first
+// use; the core lists the kernels (from the image's records, checked at load).
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <span>
 #include <string>
 #include <system_error>
@@ -13,20 +17,27 @@ namespace cora::backend::cpu {
 
 class cpu_module final : public module {
  public:
-  /// Loads a validated image; on failure sets `ec` and returns null.
+  /// Loads an image whose records the core has read and checked; on failure sets `ec` and
+  /// returns null.
   static std::unique_ptr<cpu_module> load(std::span<const std::byte> image, std::error_code& ec,
                                           std::string& message);
   ~cpu_module() override;
 
   const std::vector<kernel_desc>& kernels() const override { return kernels_; }
   void* function(std::size_t index, std::error_code& ec, std::string& message) override;
+  void* find(const std::string& name, kernel_desc& layout, std::error_code& ec,
+             std::string& message) override;
 
  private:
   cpu_module() = default;
   void* handle_ = nullptr;
   int fd_ = -1;  // the image's memory file, open while it is loaded
-  std::vector<kernel_desc> kernels_;
-  std::vector<void*> entries_;
+  std::vector<kernel_desc> kernels_;  // empty: the core has the list
 };
+
+/// Bytes of a CPU image that the dynamic loader reads: up to the end of its last loadable
+/// segment (the program headers and every PT_LOAD inside), so debug sections and the section
+/// table need not be copied. The whole image when its headers do not say.
+std::size_t loadable_size(std::span<const std::byte> image) noexcept;
 
 }  // namespace cora::backend::cpu

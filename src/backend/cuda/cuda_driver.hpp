@@ -65,6 +65,7 @@ namespace cora::backend::cuda {
   X(cuEventSynchronize, 2000)          \
   X(cuModuleLoadDataEx, 2010)          \
   X(cuModuleUnload, 2000)              \
+  X(cuModuleGetFunction, 2000)         \
   X(cuFuncGetAttribute, 2020)          \
   X(cuFuncSetAttribute, 9000)          \
   X(cuLaunchKernel, 4000)              \

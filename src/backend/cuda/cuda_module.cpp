@@ -57,13 +57,6 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
     message = what + ": the device is unusable after an earlier fault (" + ctx->lost_message() + ")";
     return nullptr;
   }
-  if (!api.cuModuleGetFunctionCount || !api.cuModuleEnumerateFunctions || !api.cuFuncGetName ||
-      !api.cuFuncGetParamInfo) {
-    ec = make_error_code(errc::not_supported);
-    message = what + ": listing its kernels needs a CUDA 12.4 driver or newer (this one is CUDA " +
-              std::to_string(api.version / 1000) + "." + std::to_string(api.version % 1000 / 10) + ")";
-    return nullptr;
-  }
 
   // PTX is text the driver reads up to a NUL; binary images are read through their headers,
   // from an 8-byte aligned copy if need be.
@@ -123,59 +116,143 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
     return nullptr;
   }
 
-  unsigned count = 0;
-  r = api.cuModuleGetFunctionCount(&count, m->module_);
-  std::vector<CUfunction> handles(count);
-  if (r == CUDA_SUCCESS && count) r = api.cuModuleEnumerateFunctions(handles.data(), count, m->module_);
-  if (r != CUDA_SUCCESS) {
-    fail(r, "cannot list its kernels: ");
-    return nullptr;
-  }
-  for (CUfunction f : handles) {
-    auto fn = std::make_unique<cuda_function>();
-    fn->handle = f;
-    // Under lazy loading (the driver's default) a kernel's code is loaded on first use; load
-    // it now so that code the device cannot run is refused here, not at the first launch.
-    if (api.cuFuncIsLoaded && api.cuFuncLoad) {
-      CUfunctionLoadingState state = CU_FUNCTION_LOADING_STATE_LOADED;
-      r = api.cuFuncIsLoaded(&state, f);
-      if (r == CUDA_SUCCESS && state != CU_FUNCTION_LOADING_STATE_LOADED) r = api.cuFuncLoad(f);
-      if (r != CUDA_SUCCESS) {
-        fail(r, "cannot load its code: ");
-        return nullptr;
-      }
-    }
-    const char* name = nullptr;
-    r = api.cuFuncGetName(&name, f);
-    if (r != CUDA_SUCCESS || !name) {
-      fail(r, "cannot read a kernel's name: ");
+  m->label_ = kind_name(kind) + std::string(" image on ") + device_label;
+  ec.clear();
+  return m;
+}
+
+void cuda_module::fail(CUresult r, const std::string& step, std::error_code& ec, std::string& message) {
+  ec = ctx_->note(r) ? make_error_code(errc::device_lost)
+       : r == CUDA_ERROR_OUT_OF_MEMORY ? make_error_code(errc::out_of_memory)
+       : r == CUDA_ERROR_NOT_SUPPORTED ? make_error_code(errc::not_supported)
+                                       : make_error_code(errc::invalid_binary);
+  message = "the " + label_ + ": " + step + describe(r);
+}
+
+cuda_function* cuda_module::add(CUfunction f, const char* name, std::error_code& ec, std::string& message) {
+  const driver_api& api = ctx_->api;
+  auto fn = std::make_unique<cuda_function>();
+  fn->handle = f;
+  fn->name = name;
+  CUresult r = CUDA_SUCCESS;
+  // Under lazy loading (the driver's default) a kernel's code is loaded on first use; load it
+  // now, at the lookup, so that code the device cannot run is refused here, not by a launch.
+  if (api.cuFuncIsLoaded && api.cuFuncLoad) {
+    CUfunctionLoadingState state = CU_FUNCTION_LOADING_STATE_LOADED;
+    r = api.cuFuncIsLoaded(&state, f);
+    if (r == CUDA_SUCCESS && state != CU_FUNCTION_LOADING_STATE_LOADED) r = api.cuFuncLoad(f);
+    if (r != CUDA_SUCCESS) {
+      fail(r, "cannot load the code of kernel '" + fn->name + "': ", ec, message);
       return nullptr;
     }
-    fn->name = name;
-    kernel_desc desc;
-    desc.name = fn->name;
+  }
+  kernel_desc desc;
+  desc.name = fn->name;
+  if (api.cuFuncGetParamInfo) {
     for (std::size_t i = 0; i < max_params; ++i) {
       std::size_t offset = 0, size = 0;
       r = api.cuFuncGetParamInfo(f, i, &offset, &size);
       if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
       if (r != CUDA_SUCCESS) {
-        fail(r, "cannot read the parameters of kernel '" + fn->name + "': ");
+        fail(r, "cannot read the parameters of kernel '" + fn->name + "': ", ec, message);
         return nullptr;
       }
       fn->sizes.push_back(static_cast<std::uint32_t>(size));
       desc.params.push_back({static_cast<std::uint32_t>(size), guess_alignment(offset, size)});
     }
-    int value = 0;
-    if (api.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) == CUDA_SUCCESS)
-      fn->static_shared = value;
-    value = 0;
-    if (api.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f) == CUDA_SUCCESS)
-      fn->dynamic_shared_limit.store(static_cast<std::uint32_t>(std::max(value, 0)), std::memory_order_relaxed);
-    m->kernels_.push_back(std::move(desc));
-    m->functions_.push_back(std::move(fn));
+  } else {
+    desc.params_known = false;
   }
+  int value = 0;
+  if (api.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) == CUDA_SUCCESS)
+    fn->static_shared = value;
+  value = 0;
+  if (api.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f) == CUDA_SUCCESS)
+    fn->dynamic_shared_limit.store(static_cast<std::uint32_t>(std::max(value, 0)), std::memory_order_relaxed);
+  kernels_.push_back(std::move(desc));
+  functions_.push_back(std::move(fn));
   ec.clear();
-  return m;
+  return functions_.back().get();
+}
+
+bool cuda_module::list_kernels(std::error_code& ec, std::string& message) {
+  const driver_api& api = ctx_->api;
+  std::lock_guard lock(mutex_);
+  if (listed_) {
+    ec.clear();
+    return true;
+  }
+  if (!api.cuModuleGetFunctionCount || !api.cuModuleEnumerateFunctions || !api.cuFuncGetName ||
+      !api.cuFuncGetParamInfo) {
+    ec = make_error_code(errc::not_supported);
+    message = "the " + label_ + ": listing its kernels needs a CUDA 12.4 driver or newer (this one is CUDA " +
+              std::to_string(api.version / 1000) + "." + std::to_string(api.version % 1000 / 10) +
+              "); a .corabin container lists them itself";
+    return false;
+  }
+  current_context cur(*ctx_);
+  if (!cur) {
+    fail(cur.result, "cannot make its context current: ", ec, message);
+    return false;
+  }
+  unsigned count = 0;
+  CUresult r = api.cuModuleGetFunctionCount(&count, module_);
+  std::vector<CUfunction> handles(count);
+  if (r == CUDA_SUCCESS && count) r = api.cuModuleEnumerateFunctions(handles.data(), count, module_);
+  if (r != CUDA_SUCCESS) {
+    fail(r, "cannot list its kernels: ", ec, message);
+    return false;
+  }
+  for (CUfunction f : handles) {
+    const char* name = nullptr;
+    r = api.cuFuncGetName(&name, f);
+    if (r != CUDA_SUCCESS || !name) {
+      fail(r, "cannot read a kernel's name: ", ec, message);
+      return false;
+    }
+    bool known = false;
+    for (const auto& fn : functions_) known = known || fn->name == name;
+    if (!known && !add(f, name, ec, message)) return false;
+  }
+  listed_ = true;
+  ec.clear();
+  return true;
+}
+
+void* cuda_module::find(const std::string& name, kernel_desc& layout, std::error_code& ec,
+                        std::string& message) {
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < functions_.size(); ++i)
+    if (functions_[i]->name == name) {
+      layout = kernels_[i];
+      ec.clear();
+      return functions_[i].get();
+    }
+  if (listed_) {
+    ec = make_error_code(errc::kernel_not_found);
+    message = "kernel '" + name + "' is not in the loaded image";
+    return nullptr;
+  }
+  current_context cur(*ctx_);
+  if (!cur) {
+    fail(cur.result, "cannot make its context current: ", ec, message);
+    return nullptr;
+  }
+  CUfunction f = nullptr;
+  const CUresult r = ctx_->api.cuModuleGetFunction(&f, module_, name.c_str());
+  if (r == CUDA_ERROR_NOT_FOUND) {
+    ec = make_error_code(errc::kernel_not_found);
+    message = "kernel '" + name + "' is not in the loaded image";
+    return nullptr;
+  }
+  if (r != CUDA_SUCCESS) {
+    fail(r, "cannot find kernel '" + name + "': ", ec, message);
+    return nullptr;
+  }
+  cuda_function* fn = add(f, name.c_str(), ec, message);
+  if (!fn) return nullptr;
+  layout = kernels_.back();
+  return fn;
 }
 
 cuda_module::~cuda_module() {
@@ -186,6 +263,7 @@ cuda_module::~cuda_module() {
 }
 
 void* cuda_module::function(std::size_t index, std::error_code& ec, std::string& message) {
+  std::lock_guard lock(mutex_);
   if (index >= functions_.size()) {
     ec = make_error_code(errc::kernel_not_found);
     message = "no kernel " + std::to_string(index) + " in the CUDA image";

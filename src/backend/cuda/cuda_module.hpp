@@ -1,11 +1,14 @@
-// CUDA kernel images (cubin, fatbin, PTX) loaded into a device's primary context: the kernels
-// they define, found by enumeration, with parameter layouts from cuFuncGetParamInfo.
+// CUDA kernel images (cubin, fatbin, PTX) loaded into a device's primary context. A load is
+// cuModuleLoadDataEx alone; a kernel's function, parameter layout (cuFuncGetParamInfo) and
+// attributes are read at its first lookup, or for every kernel by list_kernels (images without
+// metadata, found by enumeration).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <system_error>
@@ -36,17 +39,26 @@ class cuda_module final : public module {
                                            std::string& message);
   ~cuda_module() override;
 
+  bool list_kernels(std::error_code& ec, std::string& message) override;
   const std::vector<kernel_desc>& kernels() const override { return kernels_; }
   void* function(std::size_t index, std::error_code& ec, std::string& message) override;
   void* native_handle() const noexcept override { return module_; }
+  void* find(const std::string& name, kernel_desc& layout, std::error_code& ec,
+             std::string& message) override;
 
  private:
   explicit cuda_module(std::shared_ptr<context> ctx) noexcept : ctx_(std::move(ctx)) {}
+  // Reads what a launch needs of `f` into a new entry of functions_ and kernels_ (mutex_ held).
+  cuda_function* add(CUfunction f, const char* name, std::error_code& ec, std::string& message);
+  void fail(CUresult r, const std::string& step, std::error_code& ec, std::string& message);
 
   std::shared_ptr<context> ctx_;
+  std::string label_;  // "the <kind> image on <device>", for messages
   CUmodule module_ = nullptr;
-  std::vector<kernel_desc> kernels_;
-  std::vector<std::unique_ptr<cuda_function>> functions_;
+  std::mutex mutex_;
+  bool listed_ = false;
+  std::vector<kernel_desc> kernels_;                        // resolved so far, in order
+  std::vector<std::unique_ptr<cuda_function>> functions_;  // same order; stable addresses
 };
 
 /// The alignment of a parameter that CUDA placed at `offset` with `size` bytes: the largest

@@ -73,6 +73,11 @@ function(cora_add_kernel_binary target)
       LIBRARY_OUTPUT_DIRECTORY "${dir}"
       CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
     target_compile_options(${target}_cpu PRIVATE -O2)
+    if(CORA_BUILD_FUZZERS)
+      # No libFuzzer coverage in images: they are loaded and unloaded at run time, and libFuzzer
+      # would go on reading the counters of an unloaded image.
+      target_compile_options(${target}_cpu PRIVATE -fno-sanitize=fuzzer-no-link)
+    endif()
     list(APPEND pack_args --cpu "$<TARGET_FILE:${target}_cpu>")
     list(APPEND pack_deps ${target}_cpu)
   endif()

@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "cora/binary.hpp"
+#include "cora/detail/checked_size.hpp"
 #include "cora/event.hpp"
 #include "cora/launch.hpp"
 #include "cora/memory.hpp"
@@ -65,15 +66,15 @@ class device {
   // --- memory --------------------------------------------------------------------------------
 
   /// Allocates `n` elements of device memory. @throws cora::error (errc::out_of_memory,
-  /// errc::invalid_argument for n == 0).
+  /// errc::invalid_argument for n == 0 or n * sizeof(T) past the address space).
   template <class T>
   device_buffer<T> alloc(std::size_t n) {
-    return device_buffer<T>(s_, static_cast<T*>(malloc(n * sizeof(T))), n);
+    return device_buffer<T>(s_, static_cast<T*>(malloc(detail::checked_bytes<T>(n))), n);
   }
-  /// Allocates `n` elements of pinned host memory.
+  /// Allocates `n` elements of pinned host memory (errors as alloc()).
   template <class T>
   host_buffer<T> alloc_host(std::size_t n) {
-    return host_buffer<T>(s_, static_cast<T*>(malloc_host(n * sizeof(T))), n);
+    return host_buffer<T>(s_, static_cast<T*>(malloc_host(detail::checked_bytes<T>(n))), n);
   }
   /// Raw device allocation (freed with free()).
   void* malloc(std::size_t bytes);

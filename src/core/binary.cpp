@@ -216,7 +216,7 @@ std::shared_ptr<kernel_state> make_kernel(const std::shared_ptr<binary_state>& b
   std::size_t end = 0;
   for (const auto& p : want.params) {
     const std::size_t off = next_param_offset(end, p.align);
-    k->params.push_back({off, p.size, p.align});
+    k->params.push_back({off, p.size, p.align, p.pointer});
     end = off + p.size;
   }
   k->args_size = align_up(end, 8);

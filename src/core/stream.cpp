@@ -1,8 +1,10 @@
 #include "cora/stream.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
+#include "core/host_memory_probe.hpp"
 #include "core/state.hpp"
 #include "io/file_to_device.hpp"
 #include "cora/device.hpp"
@@ -52,6 +54,51 @@ bool check_config(const detail::device_state& dev, const launch_config& cfg, std
   if (cfg.timeout.count() < 0) {
     message = "negative timeout";
     return false;
+  }
+  return true;
+}
+
+// A pageable host range (not cora's memory) must be mapped: a wild address fails when the op is
+// queued, not in a device worker.
+bool unmapped_host(const memory_region& r, const void* p, std::size_t bytes) {
+  return r.k == memory_region::kind::pageable_host && !detail::host_range_mapped(p, bytes);
+}
+
+pending<void> fail_unmapped(const char* what, const void* p, std::size_t bytes,
+                            detail::stream_state* s) {
+  char addr[32];
+  std::snprintf(addr, sizeof(addr), "%p", p);
+  return fail(errc::invalid_pointer,
+              std::string(what) + " [" + addr + ", +" + std::to_string(bytes) +
+                  ") is neither an allocation nor mapped host memory",
+              s);
+}
+
+// The slots of a raw argument block that the kernel's records mark as pointers must hold null,
+// an address in a live allocation, or mapped host memory. (Addresses the kernel computes
+// itself are not seen: a wild one faults on a CPU as in native code.)
+bool pointer_slots_ok(const detail::device_state& dev, const kernel& k,
+                      std::span<const std::byte> block,
+                      std::span<const placeholder_info> placeholders, std::string& message) {
+  const auto params = k.params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    if (!p.pointer || p.offset + sizeof(void*) > block.size()) continue;
+    if (std::any_of(placeholders.begin(), placeholders.end(),
+                    [&](const placeholder_info& ph) { return ph.addr_offset == p.offset; }))
+      continue;  // replaced by the staged data's address
+    const void* v;
+    std::memcpy(&v, block.data() + p.offset, sizeof(v));
+    if (!v) continue;
+    std::error_code ec;
+    const memory_region r = dev.classify(v, 1, ec);
+    if (ec || unmapped_host(r, v, 1)) {
+      message = "pointer parameter " + std::to_string(i) + " of kernel '" + std::string(k.name()) +
+                "' holds an address that is " +
+                (ec ? "in no live allocation (" + last_error_message() + ")"
+                    : std::string("neither an allocation nor mapped host memory"));
+      return false;
+    }
   }
   return true;
 }
@@ -107,6 +154,8 @@ pending<void> stream::copy(void* dst, const void* src, std::size_t bytes) {
     if (r->k == memory_region::kind::device && r->device->properties.backend != dev.properties.backend)
       return fail(errc::wrong_device, "copy involves memory of " + r->device->properties.name +
                                           ", which this stream's device cannot reach", st());
+  if (unmapped_host(d, dst, bytes)) return fail_unmapped("destination", dst, bytes, st());
+  if (unmapped_host(s, src, bytes)) return fail_unmapped("source", src, bytes, st());
   const bool pageable = s.k == memory_region::kind::pageable_host;
   return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
     st()->backend->copy(seq, dst, src, bytes, pageable);
@@ -127,8 +176,9 @@ pending<void> stream::fill(void* dst, std::uint8_t value, std::size_t bytes) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (bytes == 0) return done_op();
   std::error_code ec;
-  st()->device->classify(dst, bytes, ec);
+  const memory_region d = st()->device->classify(dst, bytes, ec);
   if (ec) return fail(ec, st());
+  if (unmapped_host(d, dst, bytes)) return fail_unmapped("destination", dst, bytes, st());
   return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
     st()->backend->fill(seq, dst, value, bytes);
   }));
@@ -261,6 +311,9 @@ pending<void> stream::launch(const kernel& k, const launch_config& cfg, const ke
     return fail(errc::argument_mismatch, "the argument list was built for another kernel", st());
   if (!args.finalized())
     return fail(errc::args_not_finalized, "the argument list was not finalized", st());
+  std::string message;
+  if (!pointer_slots_ok(*st()->device, k, args.block(), args.placeholders(), message))
+    return fail(errc::invalid_pointer, std::move(message), st());
   return detail::launch_block(st(), k, cfg, args.block(), args.placeholders(), nullptr);
 }
 
@@ -294,6 +347,9 @@ pending<void> stream::launch_host_block(const kernel& k, const launch_config& cf
                       std::to_string(block.size()) + ")",
                   st());
   }
+  std::string message;
+  if (!pointer_slots_ok(*st()->device, k, block, placeholders, message))
+    return fail(errc::invalid_pointer, std::move(message), st());
   return detail::launch_block(st(), k, cfg, block, placeholders, nullptr);
 }
 
@@ -310,6 +366,9 @@ pending<void> stream::launch_pointer_array(const kernel& k, const launch_config&
       return fail(errc::invalid_argument, "args[" + std::to_string(i) + "] is null", st());
     std::memcpy(block.data() + params[i].offset, args[i], params[i].size);
   }
+  std::string message;
+  if (!pointer_slots_ok(*st()->device, k, block, {}, message))
+    return fail(errc::invalid_pointer, std::move(message), st());
   return detail::launch_block(st(), k, cfg, block, {}, nullptr);
 }
 

@@ -27,6 +27,9 @@ struct cora_kernel_record {
 };
 
 #define CORA_KERNEL_FLAG_HAS_ENTRY_KEY 1u
+// Set in param_align[i] (above the alignment itself) when parameter i is a pointer, so that
+// the runtime can check the addresses a raw argument block passes in its pointer slots.
+#define CORA_KERNEL_PARAM_POINTER 0x80000000u
 
 // What a block sees of its launch. The image keeps a thread-local pointer to it while a block
 // runs; cora::block_idx() and friends read it.

@@ -10,6 +10,7 @@
 #include "core/host_memory_probe.hpp"
 #include "cora/kernel_args.hpp"
 #include "support/device_fixture.hpp"
+#include "support/temp_files.hpp"
 
 namespace cora::test {
 namespace {
@@ -58,6 +59,18 @@ TEST_P(hardening_test, CopiesAndFillsWithAWildHostAddressAreRefused) {
   expect_refused(s.fill(top, 0, 64));
   s.synchronize().wait();
   expect_works(s);
+}
+
+TEST_P(hardening_test, FileReadsIntoAWildHostAddressAreRefused) {
+  temp_dir dir;
+  const auto file = dir / "data";
+  write_pattern_file(file, 4096);
+  auto s = dev().make_stream();
+  std::error_code ec;
+  EXPECT_EQ(s.read_file(wild, file, 0, 4096).wait(ec), 0u);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_pointer)) << last_error_message();
+  std::vector<std::uint8_t> host(4096);
+  EXPECT_EQ(s.read_file(host.data(), file, 0, 4096).wait(), 4096u);
 }
 
 TEST_P(hardening_test, UnmappedAndInaccessibleHostPagesAreRefused) {

@@ -17,7 +17,7 @@
 #include "core/state.hpp"  // complete stream_state, for a default-constructed stream
 #include "cora/io.hpp"
 #include "cora/stream.hpp"
-#include "io/staging_pool.hpp"
+#include "core/staging_pool.hpp"
 #include "support/device_fixture.hpp"
 #include "support/temp_files.hpp"
 

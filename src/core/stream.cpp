@@ -6,7 +6,7 @@
 
 #include "core/host_memory_probe.hpp"
 #include "core/state.hpp"
-#include "io/file_to_device.hpp"
+#include "core/file_to_device.hpp"
 #include "cora/device.hpp"
 
 namespace cora {

@@ -1,13 +1,16 @@
 #include "core/host_memory_probe.hpp"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <mutex>
 
 namespace cora::detail {
 
@@ -42,6 +45,21 @@ struct range_cache {
 
 thread_local range_cache cache;
 
+// This process's id without a system call per probe (glibc no longer caches it); a forked
+// child asks again.
+std::atomic<pid_t> self_pid{0};
+
+pid_t self() noexcept {
+  pid_t p = self_pid.load(std::memory_order_relaxed);
+  if (p == 0) {
+    static std::once_flag once;
+    std::call_once(once, [] { ::pthread_atfork(nullptr, nullptr, [] { self_pid.store(0); }); });
+    p = ::getpid();
+    self_pid.store(p, std::memory_order_relaxed);
+  }
+  return p;
+}
+
 // Reads one byte of each given page through the kernel: fails (EFAULT) for a page that is not
 // mapped or not readable, without a signal. 1: readable, 0: not, -1: the call is not permitted
 // here (a seccomp filter), so mincore's answer has to do.
@@ -50,7 +68,7 @@ int readable(const std::uintptr_t* pages, std::size_t n) noexcept {
   std::array<iovec, 2> remote{};
   for (std::size_t i = 0; i < n; ++i) remote[i] = {reinterpret_cast<void*>(pages[i]), 1};
   iovec local{sink, n};
-  const ssize_t r = ::process_vm_readv(::getpid(), &local, 1, remote.data(), n, 0);
+  const ssize_t r = ::process_vm_readv(self(), &local, 1, remote.data(), n, 0);
   if (r == static_cast<ssize_t>(n)) return 1;
   return r < 0 && (errno == ENOSYS || errno == EPERM) ? -1 : 0;
 }

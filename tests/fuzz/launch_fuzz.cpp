@@ -1,5 +1,5 @@
 // libFuzzer target: a mutated kernel binary (.corabin container or CPU image) loaded on the CPU
-// device, then each of its kernels launched through a raw host argument block built from the
+// device (eagerly or lazily), then each of its kernels launched through a raw host argument block built from the
 // kernel's declared layout: pointer parameters get device buffers of a bounded size, the others
 // a small value (16 in every integer width) so that the build's kernels stay inside those
 // buffers. Every load and launch must complete, with success or an error: a crash, a hang or a
@@ -49,7 +49,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static fixture fx;
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
   std::error_code ec;
-  cora::binary bin = fx.dev->load_binary(bytes).wait(ec);
+  // Eager and lazy loads (which check the image when a kernel is first looked up), by the
+  // input's length.
+  cora::load_options options;
+  options.lazy = size % 2 == 1;
+  cora::binary bin = fx.dev->load_binary(bytes, options).wait(ec);
   if (ec) {
     require(!bin);
     return 0;

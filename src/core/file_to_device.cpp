@@ -411,7 +411,8 @@ pending<std::size_t> read_file_to_device(stream_state& s, void* dst,
     std::error_code ec;
     const memory_region r = s.device->classify(dst, bytes, ec);
     if (ec) return failed(ec, "read_file destination: " + last_error_message(), &s);
-    if (r.k == memory_region::kind::pageable_host && !host_range_mapped(dst, bytes))
+    if (r.k == memory_region::kind::pageable_host &&
+        !host_range_mapped(dst, bytes, s.device->properties.backend == backend_kind::cpu))
       return failed(make_error_code(errc::invalid_pointer),
                     "read_file destination is neither an allocation nor mapped host memory", &s);
     if (r.k == memory_region::kind::device &&

@@ -28,17 +28,18 @@ std::uintptr_t page_size() noexcept {
 struct range_cache {
   struct entry {
     std::uintptr_t lo = 0, hi = 0;
+    bool accessible = false;  // its ends were read, not only found mapped
   };
   std::array<entry, 8> entries{};
   unsigned next = 0;
 
-  bool covers(std::uintptr_t lo, std::uintptr_t hi) const noexcept {
+  bool covers(std::uintptr_t lo, std::uintptr_t hi, bool accessible) const noexcept {
     for (const auto& e : entries)
-      if (lo >= e.lo && hi <= e.hi) return true;
+      if (lo >= e.lo && hi <= e.hi && (e.accessible || !accessible)) return true;
     return false;
   }
-  void add(std::uintptr_t lo, std::uintptr_t hi) noexcept {
-    entries[next] = {lo, hi};
+  void add(std::uintptr_t lo, std::uintptr_t hi, bool accessible) noexcept {
+    entries[next] = {lo, hi, accessible};
     next = (next + 1) % entries.size();
   }
 };
@@ -87,7 +88,7 @@ bool mapped(std::uintptr_t lo, std::uintptr_t hi) noexcept {
 
 }  // namespace
 
-bool host_range_mapped(const void* p, std::size_t bytes) noexcept {
+bool host_range_mapped(const void* p, std::size_t bytes, bool accessible) noexcept {
   if (bytes == 0) return true;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (bytes - 1 > UINTPTR_MAX - a) return false;
@@ -96,14 +97,19 @@ bool host_range_mapped(const void* p, std::size_t bytes) noexcept {
   const std::uintptr_t last = (a + (bytes - 1)) & ~(ps - 1);
   if (last > UINTPTR_MAX - ps) return false;
   const std::uintptr_t hi = last + ps;
-  if (cache.covers(lo, hi)) return true;
+  if (cache.covers(lo, hi, accessible)) return true;
+  if (!accessible) {
+    if (!mapped(lo, hi)) return false;
+    cache.add(lo, hi, false);
+    return true;
+  }
   const std::uintptr_t ends[2] = {a, a + (bytes - 1)};
   const int ends_readable = readable(ends, lo == last ? 1 : 2);
   if (ends_readable == 0) return false;
   // Both ends were read (two pages or fewer: all of it); no page between may be unmapped.
   if (ends_readable < 0 ? !mapped(lo, hi) : hi - lo > 2 * ps && !mapped(lo + ps, last))
     return false;
-  cache.add(lo, hi);
+  cache.add(lo, hi, true);
   return true;
 }
 

@@ -59,9 +59,13 @@ bool check_config(const detail::device_state& dev, const launch_config& cfg, std
 }
 
 // A pageable host range (not cora's memory) must be mapped: a wild address fails when the op is
-// queued, not in a device worker.
-bool unmapped_host(const memory_region& r, const void* p, std::size_t bytes) {
-  return r.k == memory_region::kind::pageable_host && !detail::host_range_mapped(p, bytes);
+// queued, not in a device worker. The CPU device reads it directly, so it must be readable too;
+// a GPU may be given unified addresses of memory its driver allocated outside cora, which are
+// reserved (PROT_NONE) on the host.
+bool unmapped_host(const detail::device_state& dev, const memory_region& r, const void* p,
+                   std::size_t bytes) {
+  return r.k == memory_region::kind::pageable_host &&
+         !detail::host_range_mapped(p, bytes, dev.properties.backend == backend_kind::cpu);
 }
 
 pending<void> fail_unmapped(const char* what, const void* p, std::size_t bytes,
@@ -92,7 +96,7 @@ bool pointer_slots_ok(const detail::device_state& dev, const kernel& k,
     if (!v) continue;
     std::error_code ec;
     const memory_region r = dev.classify(v, 1, ec);
-    if (ec || unmapped_host(r, v, 1)) {
+    if (ec || unmapped_host(dev, r, v, 1)) {
       message = "pointer parameter " + std::to_string(i) + " of kernel '" + std::string(k.name()) +
                 "' holds an address that is " +
                 (ec ? "in no live allocation (" + last_error_message() + ")"
@@ -154,8 +158,8 @@ pending<void> stream::copy(void* dst, const void* src, std::size_t bytes) {
     if (r->k == memory_region::kind::device && r->device->properties.backend != dev.properties.backend)
       return fail(errc::wrong_device, "copy involves memory of " + r->device->properties.name +
                                           ", which this stream's device cannot reach", st());
-  if (unmapped_host(d, dst, bytes)) return fail_unmapped("destination", dst, bytes, st());
-  if (unmapped_host(s, src, bytes)) return fail_unmapped("source", src, bytes, st());
+  if (unmapped_host(dev, d, dst, bytes)) return fail_unmapped("destination", dst, bytes, st());
+  if (unmapped_host(dev, s, src, bytes)) return fail_unmapped("source", src, bytes, st());
   const bool pageable = s.k == memory_region::kind::pageable_host;
   return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
     st()->backend->copy(seq, dst, src, bytes, pageable);
@@ -178,7 +182,8 @@ pending<void> stream::fill(void* dst, std::uint8_t value, std::size_t bytes) {
   std::error_code ec;
   const memory_region d = st()->device->classify(dst, bytes, ec);
   if (ec) return fail(ec, st());
-  if (unmapped_host(d, dst, bytes)) return fail_unmapped("destination", dst, bytes, st());
+  if (unmapped_host(*st()->device, d, dst, bytes))
+    return fail_unmapped("destination", dst, bytes, st());
   return pending<void>(st()->enqueue([&](std::uint64_t seq, std::error_code&, std::string&) {
     st()->backend->fill(seq, dst, value, bytes);
   }));

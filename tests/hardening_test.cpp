@@ -3,10 +3,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "core/binary_format.hpp"
 #include "core/host_memory_probe.hpp"
 #include "cora/kernel_args.hpp"
 #include "support/device_fixture.hpp"
@@ -116,6 +122,32 @@ TEST_P(hardening_test, PointerParametersAreMarkedInTheKernelMetadata) {
   auto m = kernels().kernel("mixed_args");
   for (std::size_t i = 0; i + 1 < m.params().size(); ++i) EXPECT_FALSE(m.params()[i].pointer) << i;
   EXPECT_TRUE(m.params().back().pointer);
+}
+
+// The pointer flags of a container's metadata are checked against the CPU image's records, as
+// the sizes are: a cleared flag would let a raw block pass anything in that slot.
+TEST_P(hardening_test, ContainerWhosePointerFlagsDisagreeWithTheImageIsRefused) {
+  if (GetParam() != backend::cpu) GTEST_SKIP() << "the CPU image's records are checked";
+  std::ifstream f(kernel_file("test_kernels.cora/test_kernels.cpu.so"), std::ios::binary);
+  const std::vector<char> raw{std::istreambuf_iterator<char>(f), {}};
+  ASSERT_FALSE(raw.empty());
+  const std::span<const std::byte> image(reinterpret_cast<const std::byte*>(raw.data()), raw.size());
+  std::error_code ec;
+  std::string message;
+  auto records = detail::read_cpu_kernel_records(image, ec, message);
+  ASSERT_FALSE(ec) << message;
+  std::vector<detail::corabin_input> images{
+      {detail::binary_kind::cpu_elf, 0, std::vector<std::byte>(image.begin(), image.end())}};
+  // As written, the container loads.
+  auto good = detail::write_corabin(images, records);
+  EXPECT_TRUE(dev().load_binary(good).wait().kernel("add_f32"));
+  auto it = std::find_if(records.begin(), records.end(), [](const auto& k) { return k.name == "add_f32"; });
+  ASSERT_NE(it, records.end());
+  ASSERT_TRUE(it->params[0].pointer);
+  it->params[0].pointer = false;
+  auto bad = detail::write_corabin(images, records);
+  dev().load_binary(bad).wait(ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary)) << last_error_message();
 }
 
 TEST_P(hardening_test, RawBlocksWithAGarbagePointerAreRefused) {

@@ -175,6 +175,17 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
             return nullptr;
           }
           it->params[i].align = d.params[i].align;
+          // A CPU image's records say which parameters are pointers, and must agree; other
+          // images do not say, and take the metadata's word.
+          if (dev->properties.backend == backend_kind::cpu &&
+              it->params[i].pointer != d.params[i].pointer) {
+            ec = make_error_code(errc::invalid_binary);
+            message = "parameter " + std::to_string(i) + " of kernel '" + d.name + "' is " +
+                      (it->params[i].pointer ? "" : "not ") + "a pointer in the image but " +
+                      (d.params[i].pointer ? "" : "not ") + "in its metadata";
+            return nullptr;
+          }
+          it->params[i].pointer = d.params[i].pointer;
         }
       }
       if (!it->entry_key) it->entry_key = d.entry_key;

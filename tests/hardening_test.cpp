@@ -162,10 +162,13 @@ TEST_P(hardening_test, RawBlocksWithAGarbagePointerAreRefused) {
   void* garbage = reinterpret_cast<void*>(0xdead00000000);
   expect_refused(s.launch_host_block(k, {}, add_block(garbage, y.data(), z.data(), n)));
   expect_refused(s.launch_host_block(k, {}, add_block(x.data(), y.data(), wild, n)));
-  // Memory freed before the launch: in no live allocation any more.
-  void* freed = dev().malloc(64);
-  dev().free(freed);
-  expect_refused(s.launch_host_block(k, {}, add_block(x.data(), freed, z.data(), n)));
+  // Memory freed before the launch: in no live allocation any more. (On the CPU device; a GPU
+  // driver may keep a freed range's addresses reserved, and cora does not track them.)
+  if (GetParam() == backend::cpu) {
+    void* freed = dev().malloc(64);
+    dev().free(freed);
+    expect_refused(s.launch_host_block(k, {}, add_block(x.data(), freed, z.data(), n)));
+  }
   // The pointer-array form and argument lists check the same slots.
   const void* xp = garbage;
   const void* yp = y.data();

@@ -106,6 +106,11 @@ function(cora_add_kernel_binary target)
     # -O3: GCC vectorizes the loops of element-wise kernels (grid_range) only from -O3, where
     # it may version a loop for possible aliasing.
     target_compile_options(${target}_cpu PRIVATE -O3)
+    if(CORA_BUILD_FUZZERS)
+      # No libFuzzer coverage in images: they are loaded and unloaded at run time, and libFuzzer
+      # would go on reading the counters of an unloaded image.
+      target_compile_options(${target}_cpu PRIVATE -fno-sanitize=fuzzer-no-link)
+    endif()
     list(APPEND pack_args --cpu "$<TARGET_FILE:${target}_cpu>")
     list(APPEND pack_deps ${target}_cpu)
   endif()

@@ -68,6 +68,18 @@ TEST_P(load_binary_file_test, NotARegularFile) {
   load_error("/dev/null", std::make_error_code(std::errc::invalid_argument));
 }
 
+// A FIFO without a writer: the open must not wait for one (on the blocking fallback that held
+// the one I/O thread, and every later load of the process, forever).
+TEST_P(load_binary_file_test, FifoWithoutAWriterFailsAndLaterLoadsWork) {
+  temp_dir dir;
+  const auto fifo = dir / "kernels.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  with_watchdog(std::chrono::seconds(30), [&] {
+    load_error(fifo, std::make_error_code(std::errc::invalid_argument));
+    EXPECT_TRUE(dev().load_binary(kernel_file("test_kernels.corabin")).wait().kernel("add_f32"));
+  });
+}
+
 TEST_P(load_binary_file_test, UnreadableFile) {
   temp_dir dir;
   with_unreadable_file(dir, [&](const std::filesystem::path& file) {

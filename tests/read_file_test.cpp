@@ -1,4 +1,6 @@
 // stream::read_file: files streamed into device memory through the I/O queue.
+#include <sys/stat.h>
+
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
@@ -15,7 +17,7 @@
 #include "core/state.hpp"  // complete stream_state, for a default-constructed stream
 #include "cora/io.hpp"
 #include "cora/stream.hpp"
-#include "io/staging_pool.hpp"
+#include "core/staging_pool.hpp"
 #include "support/device_fixture.hpp"
 #include "support/temp_files.hpp"
 
@@ -194,6 +196,28 @@ TEST_P(read_file_test, MissingFileAndDirectoryFailWithThePath) {
       EXPECT_EQ(e.code(), std::errc::is_a_directory) << e.what();
       EXPECT_NE(std::string(e.what()).find(dir.path().string()), std::string::npos) << e.what();
     }
+  }
+  EXPECT_EQ(staging_bytes_in_use(), 0u);
+}
+
+// A FIFO without a writer: opening it must not wait for one (that held the I/O thread, and
+// every later read and load of the process, forever). It fails like any non-regular file.
+TEST_P(read_file_test, FifoWithoutAWriterFailsAndLaterReadsWork) {
+  temp_dir dir;
+  const auto fifo = dir / "input.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto file = dir / "file";
+  write_pattern_file(file, 4096);
+  auto s = dev().make_stream();
+  auto d = dev().alloc<std::uint8_t>(16);
+  for (const auto& m : modes) {
+    SCOPED_TRACE(m.name);
+    with_watchdog(30s, [&] {
+      std::error_code ec;
+      s.read_file(d.data(), fifo, 0, 16, options_for(m)).wait(ec);
+      EXPECT_EQ(ec, std::errc::invalid_argument) << ec.message();
+      round_trip(s, file, 0, 4096, options_for(m));
+    });
   }
   EXPECT_EQ(staging_bytes_in_use(), 0u);
 }

@@ -25,6 +25,9 @@ struct param_info {
   std::size_t offset;  ///< byte offset in the block (a multiple of max(8, align))
   std::size_t size;    ///< bytes
   std::size_t align;   ///< alignment of the parameter's type
+  /// The kernel declares it a pointer (CPU kernel records). False where the image does not say
+  /// (CUDA kernels): such slots are passed unchecked.
+  bool pointer = false;
 };
 
 /// How to load a binary.

@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "cora/binary.hpp"
+#include "cora/detail/checked_size.hpp"
 #include "cora/event.hpp"
 #include "cora/launch.hpp"
 #include "cora/memory.hpp"
@@ -85,16 +86,17 @@ class device {
   /// Allocates `n` elements of device memory, usable at once by every stream. Never waits for
   /// device work (on CUDA it comes from cora's stream-ordered pool). Dropping the buffer is a
   /// stream-ordered free (see cora::basic_buffer). @throws cora::error (errc::out_of_memory,
-  /// also beyond runtime_options::device_memory_limit; errc::invalid_argument for n == 0).
+  /// also beyond runtime_options::device_memory_limit; errc::invalid_argument for n == 0
+  /// or n * sizeof(T) past the address space).
   template <class T>
   device_buffer<T> alloc(std::size_t n) {
-    return device_buffer<T>(state(), static_cast<T*>(malloc(n * sizeof(T))), n);
+    return device_buffer<T>(state(), static_cast<T*>(malloc(detail::checked_bytes<T>(n))), n);
   }
   /// Allocates `n` elements of pinned host memory from the device's slab pool (the driver is
   /// called only while the pool grows).
   template <class T>
   host_buffer<T> alloc_host(std::size_t n) {
-    return host_buffer<T>(state(), static_cast<T*>(malloc_host(n * sizeof(T))), n);
+    return host_buffer<T>(state(), static_cast<T*>(malloc_host(detail::checked_bytes<T>(n))), n);
   }
   /// Raw device allocation (freed with free(); freeing is stream-ordered like a buffer's).
   void* malloc(std::size_t bytes);

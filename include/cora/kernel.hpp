@@ -610,6 +610,7 @@ struct param_pack {
 
   static constexpr std::array<std::size_t, count> sizes{sizeof(std::decay_t<P>)...};
   static constexpr std::array<std::size_t, count> aligns{alignof(std::decay_t<P>)...};
+  static constexpr std::array<bool, count> pointers{std::is_pointer_v<std::decay_t<P>>...};
   static constexpr std::array<std::size_t, count> offsets = [] {
     std::array<std::size_t, count> o{};
     std::size_t end = 0;
@@ -651,7 +652,8 @@ constexpr cora_kernel_record make_kernel_record(const char (&name)[N], std::uint
   for (std::size_t i = 0; i < N; ++i) r.name[i] = name[i];
   for (std::size_t i = 0; i < pack::count; ++i) {
     r.param_size[i] = static_cast<std::uint32_t>(pack::sizes[i]);
-    r.param_align[i] = static_cast<std::uint32_t>(pack::aligns[i]);
+    r.param_align[i] = static_cast<std::uint32_t>(pack::aligns[i]) |
+                       (pack::pointers[i] ? CORA_KERNEL_PARAM_POINTER : 0u);
   }
   // "name_N" has entry key N, as in CANN.
   std::size_t end = N - 1, digits = end;

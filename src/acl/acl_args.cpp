@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "acl/acl_state.hpp"
+#include "cora/detail/checked_size.hpp"
 
 using namespace cora::acl;
 
@@ -87,7 +88,10 @@ aclError aclrtKernelArgsGetMemSize(aclrtFuncHandle funcHandle, size_t userArgsSi
     if (aclError e = resolve_function(api, funcHandle, false, fn)) return e;
     // CANN's sizing: the user's bytes, eight 8-byte system slots, and one 8-byte slot per
     // parameter. It covers cora's block too: each parameter and placeholder payload pads to 8.
-    *actualArgsSize = userArgsSize + 8 * 8 + fn->k.params().size() * 8;
+    std::size_t size = 0;
+    CORA_ACL_REQUIRE(cora::detail::checked_add(userArgsSize, 8 * 8 + fn->k.params().size() * 8, size),
+                     "userArgsSize (" + std::to_string(userArgsSize) + ") overflows the size");
+    *actualArgsSize = size;
     return ACL_SUCCESS;
   });
 }

@@ -44,6 +44,7 @@ enum class image_kind { cpu_elf, cuda_cubin, cuda_fatbin, cuda_ptx };
 struct param_desc {
   std::uint32_t size = 0;
   std::uint32_t align = 1;
+  bool pointer = false;  // declared a pointer (CPU kernel records); false when unknown
 };
 
 /// A kernel found in a loaded module.

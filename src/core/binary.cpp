@@ -261,7 +261,7 @@ bool resolve(binary_state& b, std::size_t index, std::error_code& ec, std::strin
   std::size_t end = 0;
   for (const auto& p : want.params) {
     const std::size_t off = next_param_offset(end, p.align);
-    r.params.push_back({off, p.size, p.align});
+    r.params.push_back({off, p.size, p.align, p.pointer});
     end = off + p.size;
   }
   r.args_size = align_up(end, 8);

@@ -152,11 +152,15 @@ bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
     if (r.flags & CORA_KERNEL_FLAG_HAS_ENTRY_KEY) k.entry_key = r.entry_key;
     k.form = r.flags & (CORA_KERNEL_FLAG_PHASED | CORA_KERNEL_FLAG_RAW_BARRIER);
     for (std::uint32_t p = 0; p < r.param_count; ++p) {
-      const std::uint32_t size = r.param_size[p], align = r.param_align[p];
+      const std::uint32_t size = r.param_size[p];
+      const std::uint32_t align = r.param_align[p] & ~CORA_KERNEL_PARAM_POINTER;
+      const bool pointer = (r.param_align[p] & CORA_KERNEL_PARAM_POINTER) != 0;
       if (size == 0 || size > max_args_block || align == 0 || (align & (align - 1)) != 0 ||
           align > 4096)
         return fail(ec, message, "kernel '" + k.name + "' has a malformed parameter");
-      k.params.push_back({size, align});
+      if (pointer && size != sizeof(void*))
+        return fail(ec, message, "kernel '" + k.name + "' has a pointer parameter of the wrong size");
+      k.params.push_back({size, align, pointer});
     }
     bool ok = true;
     canonical_block_size(k.params, ok);
@@ -363,7 +367,8 @@ std::vector<std::byte> write_corabin(const std::vector<corabin_input>& images,
     }
     for (std::size_t p = 0; p < kernels[i].params.size() && p < CORA_KERNEL_MAX_PARAMS; ++p) {
       r.param_size[p] = kernels[i].params[p].size;
-      r.param_align[p] = kernels[i].params[p].align;
+      r.param_align[p] =
+          kernels[i].params[p].align | (kernels[i].params[p].pointer ? CORA_KERNEL_PARAM_POINTER : 0u);
     }
     std::memcpy(out.data() + h.records_offset + i * sizeof(r), &r, sizeof(r));
   }

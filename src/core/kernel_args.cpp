@@ -133,6 +133,12 @@ void* kernel_args::placeholder_buffer(param_handle ph, std::size_t size, std::er
     detail::set_error(ec, errc::invalid_argument, "a placeholder buffer needs at least one byte");
     return nullptr;
   }
+  if (size > max_block) {  // could never fit the block; and no allocation of any size is tried
+    detail::set_error(ec, errc::too_many_arguments,
+                      "a placeholder buffer of " + std::to_string(size) +
+                          " bytes exceeds the 64 KiB argument block");
+    return nullptr;
+  }
   if (buffers_.size() < params_.size()) buffers_.resize(params_.size());
   auto& buf = buffers_[ph.index];
   if (buf.size() != size) buf.assign(size, std::byte{0});

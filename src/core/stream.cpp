@@ -1,11 +1,13 @@
 #include "cora/stream.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "core/graph_state.hpp"
+#include "core/host_memory_probe.hpp"
 #include "core/state.hpp"
-#include "io/file_to_device.hpp"
+#include "core/file_to_device.hpp"
 #include "cora/device.hpp"
 
 namespace cora {
@@ -65,6 +67,55 @@ bool detail::check_launch_config(const detail::device_state& dev, const launch_c
 }
 
 namespace {
+// A pageable host range (not cora's memory) must be mapped: a wild address fails when the op is
+// queued, not in a device worker. The CPU device reads it directly, so it must be readable too;
+// a GPU may be given unified addresses of memory its driver allocated outside cora, which are
+// reserved (PROT_NONE) on the host.
+bool unmapped_host(const detail::device_state& dev, const memory_region& r, const void* p,
+                   std::size_t bytes) {
+  return r.k == memory_region::kind::pageable_host &&
+         !detail::host_range_mapped(p, bytes, dev.properties.backend == backend_kind::cpu);
+}
+
+pending<void> fail_unmapped(const char* what, const void* p, std::size_t bytes,
+                            detail::stream_state* s) {
+  char addr[32];
+  std::snprintf(addr, sizeof(addr), "%p", p);
+  return fail(errc::invalid_pointer,
+              std::string(what) + " [" + addr + ", +" + std::to_string(bytes) +
+                  ") is neither an allocation nor mapped host memory",
+              s);
+}
+
+// The slots of a raw argument block that the kernel's records mark as pointers must hold null,
+// an address in a live allocation, or mapped host memory. (Addresses the kernel computes
+// itself are not seen: a wild one faults on a CPU as in native code.)
+bool pointer_slots_ok(const detail::device_state& dev, const kernel& k,
+                      std::span<const std::byte> block,
+                      std::span<const placeholder_info> placeholders, std::string& message) {
+  const auto params = k.params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    if (!p.pointer || p.offset + sizeof(void*) > block.size()) continue;
+    if (std::any_of(placeholders.begin(), placeholders.end(),
+                    [&](const placeholder_info& ph) { return ph.addr_offset == p.offset; }))
+      continue;  // replaced by the staged data's address
+    const void* v;
+    std::memcpy(&v, block.data() + p.offset, sizeof(v));
+    if (!v) continue;
+    std::error_code ec;
+    const memory_region r = dev.classify(v, 1, ec);
+    if (ec || unmapped_host(dev, r, v, 1)) {
+      message = "pointer parameter " + std::to_string(i) + " of kernel '" + std::string(k.name()) +
+                "' holds an address that is " +
+                (ec ? "in no live allocation (" + last_error_message() + ")"
+                    : std::string("neither an allocation nor mapped host memory"));
+      return false;
+    }
+  }
+  return true;
+}
+
 
 }  // namespace
 
@@ -144,6 +195,8 @@ pending<void> stream::copy(void* dst, const void* src, std::size_t bytes) {
     if (r->k == memory_region::kind::device && r->device->properties.backend != dev.properties.backend)
       return fail(errc::wrong_device, "copy involves memory of " + r->device->properties.name +
                                           ", which this stream's device cannot reach", st());
+  if (unmapped_host(dev, d, dst, bytes)) return fail_unmapped("destination", dst, bytes, st());
+  if (unmapped_host(dev, s, src, bytes)) return fail_unmapped("source", src, bytes, st());
   const bool pageable = s.k == memory_region::kind::pageable_host;
   if (st()->capturing.load(std::memory_order_acquire))
     return detail::capture_copy(*st(), dst, src, bytes, d.k != memory_region::kind::device,
@@ -172,6 +225,8 @@ pending<void> stream::fill(void* dst, std::uint8_t value, std::size_t bytes) {
   detail::alloc_ref ref;
   const memory_region d = st()->device->classify(dst, bytes, ec, &ref);
   if (ec) return fail(ec, st());
+  if (unmapped_host(*st()->device, d, dst, bytes))
+    return fail_unmapped("destination", dst, bytes, st());
   if (st()->capturing.load(std::memory_order_acquire))
     return detail::capture_fill(*st(), dst, value, bytes, d.k != memory_region::kind::device);
   detail::op_keep keep;
@@ -329,6 +384,9 @@ pending<void> stream::launch(const kernel& k, const launch_config& cfg, const ke
     return fail(errc::argument_mismatch, "the argument list was built for another kernel", st());
   if (!args.finalized())
     return fail(errc::args_not_finalized, "the argument list was not finalized", st());
+  std::string message;
+  if (!pointer_slots_ok(*st()->device, k, args.block(), args.placeholders(), message))
+    return fail(errc::invalid_pointer, std::move(message), st());
   return detail::launch_block(st(), k, cfg, args.block(), args.placeholders(), nullptr);
 }
 
@@ -362,6 +420,9 @@ pending<void> stream::launch_host_block(const kernel& k, const launch_config& cf
                       std::to_string(block.size()) + ")",
                   st());
   }
+  std::string message;
+  if (!pointer_slots_ok(*st()->device, k, block, placeholders, message))
+    return fail(errc::invalid_pointer, std::move(message), st());
   return detail::launch_block(st(), k, cfg, block, placeholders, nullptr);
 }
 
@@ -378,6 +439,9 @@ pending<void> stream::launch_pointer_array(const kernel& k, const launch_config&
       return fail(errc::invalid_argument, "args[" + std::to_string(i) + "] is null", st());
     std::memcpy(block.data() + params[i].offset, args[i], params[i].size);
   }
+  std::string message;
+  if (!pointer_slots_ok(*st()->device, k, block, {}, message))
+    return fail(errc::invalid_pointer, std::move(message), st());
   return detail::launch_block(st(), k, cfg, block, {}, nullptr);
 }
 

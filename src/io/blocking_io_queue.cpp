@@ -90,8 +90,10 @@ void blocking_io_queue::run() {
     if (!skip) {
       switch (j.k) {
         case job::kind::open:
-          res = ::open(j.path.c_str(), j.flags);
-          if (res < 0) res = -errno;
+          // O_NONBLOCK: a FIFO without a writer must not stop this thread, and every later
+          // request with it.
+          res = ::open(j.path.c_str(), nonblocking_open_flags(j.flags));
+          res = finish_nonblocking_open(res < 0 ? -errno : res);
           break;
         case job::kind::read: {
           ssize_t n;

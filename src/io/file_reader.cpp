@@ -109,9 +109,11 @@ struct whole_read : std::enable_shared_from_this<whole_read> {
 std::vector<std::byte> read_whole_file_sync(const std::filesystem::path& path, std::error_code& ec,
                                             std::string& message) {
   ec.clear();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO without a writer must not block the caller (it is refused below).
+  int fd = ::open(path.c_str(), io::nonblocking_open_flags(O_RDONLY | O_CLOEXEC));
+  fd = io::finish_nonblocking_open(fd < 0 ? -errno : fd);
   if (fd < 0) {
-    const int err = errno;
+    const int err = -fd;
     ec = sys_error(err);
     message = describe("cannot open", path, err);
     return {};

@@ -1,4 +1,9 @@
 // Chooses the process's I/O queue and reports the choice (cora/io.hpp).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -11,6 +16,22 @@
 namespace cora {
 
 namespace detail::io {
+
+int nonblocking_open_flags(int flags) noexcept { return flags | O_NONBLOCK; }
+
+int finish_nonblocking_open(int res) noexcept {
+  if (res < 0) return res;
+  struct stat st {};
+  // A FIFO, socket or device keeps O_NONBLOCK: its opener refuses it after its own fstat.
+  if (::fstat(res, &st) != 0 || !S_ISREG(st.st_mode)) return res;
+  const int fl = ::fcntl(res, F_GETFL);
+  if (fl < 0 || ::fcntl(res, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(res);
+    return -err;
+  }
+  return res;
+}
 
 int io_queue::register_buffer(void*, std::size_t) noexcept { return -1; }
 void io_queue::unregister_buffer(int) noexcept {}

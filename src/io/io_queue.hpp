@@ -24,7 +24,9 @@ class io_queue {
   virtual std::string_view name() const noexcept = 0;
 
   /// Opens `path` with `flags` (O_RDONLY, O_DIRECT...); the callback gets the descriptor.
-  /// Returns the request's id, for cancel().
+  /// Returns the request's id, for cancel(). The open never waits for a FIFO's writer or a
+  /// device: it is made with O_NONBLOCK, which is cleared again for a regular file (other
+  /// kinds keep it; callers refuse them after their fstat).
   virtual std::uint64_t open(std::string path, int flags, io_callback done) = 0;
   /// Reads up to `len` bytes at `offset` into `buf`. `buf_index` is the buffer's index from
   /// register_buffer() when the whole of [buf, buf + len) lies in it, or -1.
@@ -41,6 +43,12 @@ class io_queue {
   virtual int register_buffer(void* p, std::size_t len) noexcept;
   virtual void unregister_buffer(int index) noexcept;
 };
+
+/// Opens with O_NONBLOCK added to `flags` (what open() passes on).
+int nonblocking_open_flags(int flags) noexcept;
+/// Completes an open made with nonblocking_open_flags(): for a regular file, clears
+/// O_NONBLOCK again; returns `res` (a descriptor or -errno), or -errno if fcntl fails.
+int finish_nonblocking_open(int res) noexcept;
 
 /// The process's queue: io_uring unless it is unavailable (old kernel, seccomp) or
 /// CORA_IO_BACKEND=blocking asks for the fallback. Started on first use, never destroyed (work

@@ -108,10 +108,12 @@ std::uint64_t uring_io_queue::open(std::string path, int flags, io_callback done
   const std::uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   post([this, id, path = std::move(path), flags, done = std::move(done)]() mutable {
     auto& r = live_[id];
-    r.done = std::move(done);
+    // O_NONBLOCK: an open of a FIFO without a writer would hold the request (and the load
+    // waiting for it) forever.
+    r.done = [done = std::move(done)](int res) { done(finish_nonblocking_open(res)); };
     r.path = std::move(path);
     io_uring_sqe* sqe = next_sqe();
-    io_uring_prep_openat(sqe, AT_FDCWD, r.path.c_str(), flags, 0);
+    io_uring_prep_openat(sqe, AT_FDCWD, r.path.c_str(), nonblocking_open_flags(flags), 0);
     io_uring_sqe_set_data64(sqe, id);
   });
   return id;

@@ -1,7 +1,9 @@
 // libFuzzer target: the C API's argument-list builder (aclrtKernelArgs*) fed random call
 // sequences. Each input is a program of one-byte opcodes with their operands; every call must
-// return a code (never crash, leak or touch memory it does not own), and a list the builder
-// accepted launches the kernel that has no pointer parameters.
+// return a code (never crash, leak or touch memory it does not own). Launches reach every
+// kernel: before a launch, the list's parameters are set from the kernel's declared layout
+// (pointer parameters to device buffers of a bounded size or to a wild address, the others to
+// 16), and a launch with a wild address must be refused when it is called, never queued.
 #include <acl/acl.h>
 
 #include <algorithm>
@@ -9,8 +11,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
+
+#include "core/binary_format.hpp"
+#include "cora/detail/arg_layout.hpp"
 
 namespace {
 
@@ -30,9 +37,15 @@ struct reader {
   }
 };
 
+// Addresses that are neither an allocation nor mapped: every launch passing one must fail.
+constexpr std::uintptr_t wild[] = {0x1000, 0xdead00000000, 0x8000000000000000};
+constexpr std::size_t buffer_bytes = 64 << 10;
+
 struct fixture {
   aclrtBinHandle bin = nullptr;
   std::vector<aclrtFuncHandle> funcs;
+  std::vector<std::vector<cora::backend::param_desc>> layouts;  // of funcs, from the container
+  std::vector<void*> buffers;
   aclrtFuncHandle empty = nullptr;  // no parameters: safe to launch whatever was appended
   aclrtStream stream = nullptr;
   fixture() {
@@ -41,10 +54,27 @@ struct fixture {
     const std::string path =
         std::string(dir && *dir ? dir : CORA_FUZZ_KERNELS_DIR) + "/test_kernels.corabin";
     if (aclrtBinaryLoadFromFile(path.c_str(), nullptr, &bin) != ACL_SUCCESS) std::abort();
-    for (const char* name : {"empty", "add_f32", "mixed_args", "many_params", "scale_7", "slow"}) {
+    std::ifstream file(path, std::ios::binary);
+    const std::vector<char> raw{std::istreambuf_iterator<char>(file), {}};
+    std::error_code ec;
+    std::string message;
+    const auto c = cora::detail::parse_corabin(
+        {reinterpret_cast<const std::byte*>(raw.data()), raw.size()}, ec, message);
+    if (ec) std::abort();
+    for (const char* name : {"empty", "add_f32", "mixed_args", "many_params", "scale_7", "slow",
+                             "iota_u32", "trap", "saxpy_rounds"}) {
       aclrtFuncHandle f = nullptr;
       if (aclrtBinaryGetFunction(bin, name, &f) != ACL_SUCCESS) std::abort();
       funcs.push_back(f);
+      std::size_t i = 0;
+      while (i < c.kernels.size() && c.kernels[i].name != name) ++i;
+      if (i == c.kernels.size()) std::abort();
+      layouts.push_back(c.kernels[i].params);
+    }
+    for (int i = 0; i < 4; ++i) {
+      void* p = nullptr;
+      if (aclrtMalloc(&p, buffer_bytes, ACL_MEM_MALLOC_HUGE_FIRST) != ACL_SUCCESS) std::abort();
+      buffers.push_back(p);
     }
     empty = funcs[0];
     if (aclrtCreateStream(&stream) != ACL_SUCCESS) std::abort();
@@ -53,6 +83,32 @@ struct fixture {
 
 void require(bool ok) {
   if (!ok) std::abort();
+}
+
+std::size_t index_of(const fixture& fx, aclrtFuncHandle f) {
+  std::size_t i = 0;
+  while (i < fx.funcs.size() && fx.funcs[i] != f) ++i;
+  return i;
+}
+
+// The value of parameter `p` for a launch: a buffer, or (when the input says so) a wild
+// address for a pointer; 16 in every integer width otherwise. Sets `wild_used` for a wild one.
+void param_value(const fixture& fx, const cora::backend::param_desc& p, reader& in,
+                 std::uint8_t* out, bool& wild_used) {
+  std::memset(out, 0, p.size);
+  if (!p.pointer) {
+    out[0] = 16;
+    return;
+  }
+  const std::uint8_t choice = in.byte();
+  std::uintptr_t v;
+  if (choice < 32) {
+    v = wild[choice % std::size(wild)];
+    wild_used = true;
+  } else {
+    v = reinterpret_cast<std::uintptr_t>(fx.buffers[choice % fx.buffers.size()]);
+  }
+  std::memcpy(out, &v, sizeof(v));
 }
 
 }  // namespace
@@ -66,7 +122,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::uint8_t scratch[1024] = {};
   bool finalized = false;
   while (!in.empty()) {
-    const std::uint8_t op = in.byte() % 10;
+    const std::uint8_t op = in.byte() % 11;
     aclError r = ACL_SUCCESS;
     switch (op) {
       case 0:  // Init on one of the kernels
@@ -127,13 +183,52 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         r = aclrtKernelArgsFinalize(args);
         if (r == ACL_SUCCESS) finalized = true;
         break;
-      case 7:  // Launch, only the parameterless kernel: the others would use random pointers
-        if (func == fx.empty && finalized) {
-          const std::uint32_t blocks = 1 + in.byte() % 4;
-          r = aclrtLaunchKernelWithConfig(func, blocks, fx.stream, nullptr, args, nullptr);
-          require(aclrtSynchronizeStream(fx.stream) == ACL_SUCCESS || r != ACL_SUCCESS);
+      case 7: {  // Launch: parameters first set from the kernel's declared layout
+        const std::size_t k = index_of(fx, func);
+        if (!finalized || k == fx.funcs.size()) break;
+        const auto& layout = fx.layouts[k];
+        bool wild_used = false;
+        if (!layout.empty()) {
+          // Only a list of exactly the kernel's parameters: placeholders stage data of the
+          // list's own size, which the kernels (they take an element count) may overrun.
+          if (params.size() != layout.size()) break;
+          bool updated = true;
+          for (std::size_t i = 0; i < layout.size() && updated; ++i) {
+            std::uint8_t value[64];
+            if (layout[i].size > sizeof(value)) break;
+            param_value(fx, layout[i], in, value, wild_used);
+            updated = aclrtKernelArgsParaUpdate(args, params[i], value, layout[i].size) ==
+                      ACL_SUCCESS;
+          }
+          if (!updated || aclrtKernelArgsFinalize(args) != ACL_SUCCESS) {
+            finalized = false;
+            break;
+          }
         }
+        const std::uint32_t blocks = 1 + in.byte() % 4;
+        r = aclrtLaunchKernelWithConfig(func, blocks, fx.stream, nullptr, args, nullptr);
+        if (wild_used) require(r != ACL_SUCCESS);
+        require(aclrtSynchronizeStream(fx.stream) == ACL_SUCCESS || r != ACL_SUCCESS ||
+                func == fx.funcs[7] /* trap */);
         break;
+      }
+      case 10: {  // A raw host block built from the layout (aclrtLaunchKernelWithHostArgs)
+        const std::size_t k = in.byte() % fx.funcs.size();
+        std::uint8_t block[2048] = {};
+        std::size_t end = 0;
+        bool wild_used = false;
+        for (const auto& p : fx.layouts[k]) {
+          const std::size_t off = cora::detail::next_param_offset(end, p.align);
+          param_value(fx, p, in, block + off, wild_used);
+          end = off + p.size;
+        }
+        const std::size_t bytes = (end + 7) / 8 * 8;
+        r = aclrtLaunchKernelWithHostArgs(fx.funcs[k], 1 + in.byte() % 4, fx.stream, nullptr,
+                                          bytes ? block : nullptr, bytes, nullptr, 0);
+        if (wild_used) require(r != ACL_SUCCESS);
+        require(aclrtSynchronizeStream(fx.stream) == ACL_SUCCESS || r != ACL_SUCCESS || k == 7);
+        break;
+      }
       case 8:  // A stale or foreign handle
         r = aclrtKernelArgsFinalize(in.byte() & 1 ? static_cast<aclrtArgsHandle>(scratch)
                                                   : nullptr);

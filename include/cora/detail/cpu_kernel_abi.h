@@ -31,6 +31,9 @@ struct cora_kernel_record {
 // cora::block_threads (the phased form), or cora::sync_block outside it (the fiber fallback).
 #define CORA_KERNEL_FLAG_PHASED 2u
 #define CORA_KERNEL_FLAG_RAW_BARRIER 4u
+// Set in param_align[i] (above the alignment itself) when parameter i is a pointer, so that
+// the runtime can check the addresses a raw argument block passes in its pointer slots.
+#define CORA_KERNEL_PARAM_POINTER 0x80000000u
 
 // What a block sees of its launch. The image copies it into the state of the blocks it runs;
 // cora::block_idx() and friends read that copy.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -486,7 +487,8 @@ void* cpu_device::alloc_host(std::size_t bytes, std::error_code& ec) {
     ec = make_error_code(errc::invalid_argument);
     return nullptr;
   }
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  // Rounded up to the alignment, as aligned_alloc requires; a size that would wrap fails.
+  void* p = bytes > SIZE_MAX - 63 ? nullptr : std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (!p) {
     ec = make_error_code(errc::out_of_memory);
     return nullptr;

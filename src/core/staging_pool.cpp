@@ -1,4 +1,4 @@
-#include "io/staging_pool.hpp"
+#include "core/staging_pool.hpp"
 
 #include <algorithm>
 #include <atomic>

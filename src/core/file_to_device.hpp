@@ -8,7 +8,7 @@
 
 #include "cora/pending.hpp"
 #include "cora/stream.hpp"
-#include "io/staging_pool.hpp"
+#include "core/staging_pool.hpp"
 
 namespace cora::detail {
 

@@ -1,4 +1,4 @@
-#include "io/file_to_device.hpp"
+#include "core/file_to_device.hpp"
 
 #include <fcntl.h>
 
@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/host_memory_probe.hpp"
 #include "core/state.hpp"
 #include "io/file_reader.hpp"
 #include "io/io_queue.hpp"
@@ -410,6 +411,10 @@ pending<std::size_t> read_file_to_device(stream_state& s, void* dst,
     std::error_code ec;
     const memory_region r = s.device->classify(dst, bytes, ec);
     if (ec) return failed(ec, "read_file destination: " + last_error_message(), &s);
+    if (r.k == memory_region::kind::pageable_host &&
+        !host_range_mapped(dst, bytes, s.device->properties.backend == backend_kind::cpu))
+      return failed(make_error_code(errc::invalid_pointer),
+                    "read_file destination is neither an allocation nor mapped host memory", &s);
     if (r.k == memory_region::kind::device &&
         r.device->properties.backend != s.device->properties.backend)
       return failed(make_error_code(errc::wrong_device),

@@ -1,6 +1,9 @@
 // The C API: aclInit / aclFinalize, devices, device synchronization, aclGetRecentErrMsg.
 #include <cstdio>
 #include <filesystem>
+#include <atomic>
+
+#include <asio/error.hpp>
 
 #include "support/acl_fixture.hpp"
 
@@ -21,6 +24,51 @@ TEST(acl_init_test, RepeatedInitAndFinalizeReturnTheirCodes) {
   EXPECT_EQ(aclrtGetDeviceCount(&count), ACL_SUCCESS);
   EXPECT_GE(count, 1u);
   EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
+}
+
+// Issue 18, item 9: errors are mapped by meaning, whatever their category. A wait aborted by
+// aclFinalize carries asio's operation_aborted; it gave ACL_ERROR_RT_INTERNAL_ERROR (507000).
+TEST(acl_error_mapping_test, AbortedWaitsAreTaskAborts) {
+  EXPECT_EQ(cora::acl::to_acl(asio::error::operation_aborted), ACL_ERROR_RT_DEVICE_TASK_ABORT);
+  EXPECT_EQ(cora::acl::to_acl(std::make_error_code(std::errc::operation_canceled)), ACL_ERROR_RT_DEVICE_TASK_ABORT);
+  EXPECT_EQ(cora::acl::to_acl(std::error_code(ECANCELED, std::system_category())), ACL_ERROR_RT_DEVICE_TASK_ABORT);
+  EXPECT_EQ(cora::acl::to_acl(std::make_error_code(std::errc::timed_out)), ACL_ERROR_RT_STREAM_SYNC_TIMEOUT);
+  EXPECT_EQ(cora::acl::to_acl(std::make_error_code(std::errc::not_enough_memory)), ACL_ERROR_RT_MEMORY_ALLOCATION);
+  EXPECT_EQ(cora::acl::to_acl(std::error_code(ENOENT, std::system_category())), ACL_ERROR_RT_FILE_OPEN);
+  EXPECT_EQ(cora::acl::to_acl(cora::errc::runtime_shut_down), ACL_ERROR_UNINITIALIZE);
+  EXPECT_EQ(cora::acl::to_acl(std::error_code()), ACL_SUCCESS);
+}
+
+// A thread blocked in aclrtSynchronizeStream while another finalizes gets success (its work
+// finished first) or CANN's task-abort code, never an internal error.
+TEST(acl_error_mapping_test, SynchronizeAbortedByFinalize) {
+  ::setenv("CORA_CPU_DEVICES", "1", 1);
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  aclrtBinHandle bin = nullptr;
+  ASSERT_EQ(aclrtBinaryLoadFromFile(kernel_file("test_kernels.corabin").c_str(), nullptr, &bin), ACL_SUCCESS);
+  aclrtFuncHandle slow = nullptr;
+  ASSERT_EQ(aclrtBinaryGetFunction(bin, "slow", &slow), ACL_SUCCESS);
+  void* flag = nullptr;
+  ASSERT_EQ(aclrtMalloc(&flag, 4, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  uint64_t us = 200000;
+  void* args[] = {&us, &flag};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(slow, 1, s, nullptr, args), ACL_SUCCESS);
+  std::atomic<int> started{0};
+  aclError got = -1;
+  std::thread t([&] {
+    started = 1;
+    got = aclrtSynchronizeStream(s);
+  });
+  while (!started) std::this_thread::yield();
+  EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
+  t.join();
+  EXPECT_TRUE(got == ACL_SUCCESS || got == ACL_ERROR_RT_DEVICE_TASK_ABORT || got == ACL_ERROR_RT_INVALID_HANDLE ||
+              got == ACL_ERROR_UNINITIALIZE)
+      << got;
+  EXPECT_NE(got, ACL_ERROR_RT_INTERNAL_ERROR);
 }
 
 TEST(acl_init_test, FinalizeWithoutInitIsARepeatFinalize) { EXPECT_EQ(aclFinalize(), ACL_ERROR_REPEAT_FINALIZE); }

@@ -28,10 +28,16 @@ TEST_P(acl_memory_test, MallocMisuse) {
   EXPECT_EQ(aclrtMalloc(&p, 0, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtMalloc(&p, 64, ACL_MEM_ACCESS_USER_SPACE_READONLY), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
   EXPECT_EQ(aclrtMalloc(&p, std::size_t{1} << 62, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_RT_MEMORY_ALLOCATION);
-  // A policy outside the enum picks pages by size in CANN: accepted; with the read-only bit: not.
-  ASSERT_EQ(acl_c_malloc(&p, 64, 0x400000), ACL_SUCCESS);
+  // A policy outside CANN's enum is refused (issue 18, item 8: 12345 was accepted).
+  for (int bad : {12345, 8, 0xff, 0x400000, 0x500000, -1,
+                  ACL_MEM_TYPE_LOW_BAND_WIDTH | ACL_MEM_TYPE_HIGH_BAND_WIDTH}) {
+    p = nullptr;
+    EXPECT_EQ(acl_c_malloc(&p, 64, bad), ACL_ERROR_INVALID_PARAM) << bad;
+    EXPECT_EQ(p, nullptr);
+  }
+  // A page policy combined with a bandwidth type is one.
+  ASSERT_EQ(acl_c_malloc(&p, 64, ACL_MEM_MALLOC_HUGE1G_ONLY_P2P | ACL_MEM_TYPE_HIGH_BAND_WIDTH), ACL_SUCCESS);
   EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
-  EXPECT_EQ(acl_c_malloc(&p, 64, 0x500000), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
 }
 
 TEST_P(acl_memory_test, FreeMisuse) {

@@ -44,6 +44,7 @@ aclError aclFinalize(void) {
       for (std::size_t i = 0; i < st.devices.size(); ++i) st.release_device_locked(i, td);
       for (auto& [h, a] : st.args) td.args.push_back(std::move(a));
       st.args.clear();
+      st.user_mem_handles.clear();
       for (auto& [id, q] : st.reporters) td.reporters.push_back(std::move(q));
       st.reporters.clear();
       st.devices.clear();

@@ -28,6 +28,23 @@ aclError check_copy(const char* api, void* dst, std::size_t destMax, const void*
 
 }  // namespace
 
+namespace cora::acl {
+
+aclError check_policy(const char* api, std::int64_t policy) {
+  // One page policy (the low byte: HUGE_FIRST..HUGE1G_ONLY_P2P), at most one bandwidth type,
+  // and the read-only flag: CANN's aclrtMemMallocPolicy, combined as its documentation allows.
+  constexpr std::int64_t flags =
+      ACL_MEM_TYPE_LOW_BAND_WIDTH | ACL_MEM_TYPE_HIGH_BAND_WIDTH | ACL_MEM_ACCESS_USER_SPACE_READONLY;
+  CORA_ACL_REQUIRE(policy >= 0 && (policy & ~(flags | 0xff)) == 0 &&
+                       (policy & 0xff) <= ACL_MEM_MALLOC_HUGE1G_ONLY_P2P,
+                   "policy " + std::to_string(policy) + " is not an aclrtMemMallocPolicy");
+  CORA_ACL_REQUIRE((policy & ACL_MEM_TYPE_LOW_BAND_WIDTH) == 0 || (policy & ACL_MEM_TYPE_HIGH_BAND_WIDTH) == 0,
+                   "policy names both LOW_BAND_WIDTH and HIGH_BAND_WIDTH");
+  return ACL_SUCCESS;
+}
+
+}  // namespace cora::acl
+
 extern "C" {
 
 aclError aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
@@ -35,6 +52,7 @@ aclError aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
   return guarded(api, [&]() -> aclError {
     CORA_ACL_REQUIRE(devPtr, "devPtr is NULL");
     CORA_ACL_REQUIRE(size > 0, "size must be > 0");
+    if (aclError e = check_policy(api, enum_value(policy))) return e;
     // Page-size and bandwidth policies are placement hints with one answer on cora; read-only
     // device memory is a feature it has not.
     if (enum_value(policy) & ACL_MEM_ACCESS_USER_SPACE_READONLY)

@@ -1,10 +1,12 @@
 #include "acl/acl_state.hpp"
 
 #include <cerrno>
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <new>
 #include <thread>
+
+#include <asio/error.hpp>
 
 namespace cora::acl {
 
@@ -73,12 +75,20 @@ aclError to_acl(std::error_code ec) noexcept {
     }
     return ACL_ERROR_RT_INTERNAL_ERROR;
   }
-  // Waits aborted by a shutdown carry asio's operation_aborted (ECANCELED).
-  if (ec.category() == std::system_category() && ec.value() == ECANCELED)
-    return ACL_ERROR_RT_DEVICE_TASK_ABORT;
+  // Other categories (asio's, the system's, the generic one) are matched by meaning, through
+  // their error conditions: a wait aborted by a shutdown carries asio's operation_aborted.
+  // asio's system category holds errno values but maps them to no std::errc condition, so its
+  // codes are read as the system's.
+  if (ec.category() == asio::error::get_system_category()) ec = std::error_code(ec.value(), std::system_category());
+  if (ec == std::errc::operation_canceled) return ACL_ERROR_RT_DEVICE_TASK_ABORT;
+  if (ec == std::errc::timed_out) return ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
+  if (ec == std::errc::not_enough_memory) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  if (ec == std::errc::invalid_argument) return ACL_ERROR_RT_PARAM_INVALID;
+  if (ec == std::errc::function_not_supported || ec == std::errc::not_supported ||
+      ec == std::errc::operation_not_supported)
+    return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
   // The core reports file errors (binaries read from disk) in the system category.
-  if (ec.category() == std::system_category() || ec.category() == std::generic_category())
-    return ACL_ERROR_RT_FILE_OPEN;
+  if (ec.default_error_condition().category() == std::generic_category()) return ACL_ERROR_RT_FILE_OPEN;
   return ACL_ERROR_RT_INTERNAL_ERROR;
 }
 
@@ -193,6 +203,14 @@ void state::release_device_locked(std::size_t index, teardown& out) {
   ++slot.generation;
 }
 
+void state::retire_user_args_locked(const void* handle) {
+  auto it = args.find(handle);
+  if (it == args.end() || !it->second->user_mem) return;
+  auto u = user_mem_handles.find(it->second->user_mem);
+  if (u != user_mem_handles.end() && u->second == handle) user_mem_handles.erase(u);
+  args.erase(it);
+}
+
 aclError require_init_locked(state& st, const char* api) {
   if (!st.runtime) return fail(ACL_ERROR_UNINITIALIZE, api, "aclInit has not been called");
   return ACL_SUCCESS;
@@ -281,15 +299,17 @@ aclError resolve_args(const char* api, aclrtArgsHandle handle, std::shared_ptr<a
   auto it = st.args.find(handle);
   if (it == st.args.end())
     return fail(ACL_ERROR_RT_INVALID_HANDLE, api,
-                "argsHandle is not an argument list made by aclrtKernelArgsInit or "
-                "aclrtKernelArgsInitByUserMem");
+                "argsHandle is not a live argument list of aclrtKernelArgsInit or "
+                "aclrtKernelArgsInitByUserMem (one in user memory is consumed by its launch)");
   if (it->second->user_mem) {
     // A handle in user memory: the caller may have reused that memory since.
     user_args_header h{};
     std::memcpy(&h, handle, sizeof(h));
-    if (h.magic != user_args_header::magic_value || h.owner != it->second.get())
+    if (h.magic != user_args_header::magic_value || h.owner != it->second.get()) {
+      st.retire_user_args_locked(handle);  // the memory is reused: the entry goes
       return fail(ACL_ERROR_RT_INVALID_HANDLE, api,
                   "argsHandle memory was overwritten since aclrtKernelArgsInitByUserMem");
+    }
   }
   out = it->second;
   return ACL_SUCCESS;

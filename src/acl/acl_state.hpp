@@ -67,6 +67,9 @@ std::int64_t enum_value(const E& e) noexcept {
     if (!(cond)) return ::cora::acl::fail(ACL_ERROR_INVALID_PARAM, api, what);  \
   } while (0)
 
+/// ACL_ERROR_INVALID_PARAM unless `policy` is an aclrtMemMallocPolicy (page policy and flags).
+aclError check_policy(const char* api, std::int64_t policy);
+
 // --- objects behind the handles -----------------------------------------------------------------
 
 struct report_queue;
@@ -180,6 +183,13 @@ class state {
   std::unordered_map<const void*, std::shared_ptr<binary_obj>> binaries;
   std::unordered_map<const void*, std::shared_ptr<function_obj>> functions;
   std::unordered_map<const void*, std::shared_ptr<args_obj>> args;
+  // aclrtKernelArgsInitByUserMem: the handle whose finalized block goes to each user buffer, so
+  // that a buffer taken over by another handle retires the older one.
+  std::unordered_map<const void*, const void*> user_mem_handles;
+
+  /// Forgets the argument list in user memory `handle` (issue 18, item 10: entries were kept
+  /// until aclFinalize).
+  void retire_user_args_locked(const void* handle);
   std::unordered_map<std::uint64_t, std::shared_ptr<report_queue>> reporters;
 
   /// Moves every object of device `index` into `out` and voids the device's bindings.

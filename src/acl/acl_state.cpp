@@ -16,6 +16,7 @@ thread_local std::string recent_message;
 
 /// The device the calling thread set, valid while its epoch and generation are current.
 struct binding {
+  const void* ctx = nullptr;  // a context of aclrtCreateContext, or null for the device's own
   std::size_t device = 0;
   std::uint64_t epoch = 0;
   std::uint64_t generation = 0;
@@ -144,7 +145,12 @@ void teardown::run() noexcept {
         std::error_code ec;
         s->s.synchronize().wait(ec);  // CANN waits for the tasks of a released stream
       }
-    for (auto& b : binaries) {
+    for (auto& c : contexts)
+    if (c->default_stream) {
+      std::error_code ec;
+      if (wait_streams) c->default_stream->s.synchronize().wait(ec);
+    }
+  for (auto& b : binaries) {
       std::error_code ec;
       if (b->bin.loaded()) b->bin.unload(ec);  // launches in flight keep the code loaded
     }
@@ -155,6 +161,7 @@ void teardown::run() noexcept {
   functions.clear();
   binaries.clear();
   args.clear();
+  contexts.clear();
   reporters.clear();
   runtime.reset();  // last: everything above may belong to it
 }
@@ -198,6 +205,15 @@ void state::release_device_locked(std::size_t index, teardown& out) {
       (*s)->subscriber.reset();
       out.streams.push_back(std::move(*s));
     }
+  for (auto it = contexts.begin(); it != contexts.end();) {
+    if (it->second->device == index) {
+      out.contexts.push_back(std::move(it->second));
+      it = contexts.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  slot.primary.reset();
   slot.symbol_functions.clear();  // their kernels stay loaded in the core's kernel libraries
   slot.refcount = 0;
   ++slot.generation;
@@ -225,12 +241,49 @@ aclError initialized_runtime(const char* api, std::shared_ptr<cora::runtime>& ou
 }
 
 void bind_thread_locked(state& st, std::size_t index) {
-  current_binding = {index, st.epoch, st.devices[index].generation, true};
+  current_binding = {nullptr, index, st.epoch, st.devices[index].generation, true};
+}
+
+void bind_thread_locked(state& st, const std::shared_ptr<context_obj>& ctx) {
+  if (ctx->primary) return bind_thread_locked(st, ctx->device);
+  current_binding = {ctx.get(), ctx->device, st.epoch, st.devices[ctx->device].generation, true};
+}
+
+const std::shared_ptr<context_obj>& primary_context_locked(state& st, std::size_t index) {
+  auto& slot = st.devices[index];
+  if (!slot.primary) {
+    auto c = std::make_shared<context_obj>();
+    c->device = index;
+    c->primary = true;
+    st.contexts.emplace(c.get(), c);
+    slot.primary = std::move(c);
+  }
+  return slot.primary;
+}
+
+aclError check_device_locked(state& st, const char* api, std::int64_t deviceId) {
+  if (aclError e = require_init_locked(st, api)) return e;
+  if (deviceId < 0 || static_cast<std::size_t>(deviceId) >= st.devices.size())
+    return fail(ACL_ERROR_RT_INVALID_DEVICEID, api,
+                "device " + std::to_string(deviceId) + " does not exist (" + std::to_string(st.devices.size()) +
+                    " devices)");
+  return ACL_SUCCESS;
 }
 
 aclError current_locked(state& st, const char* api, context& out) {
   if (aclError e = require_init_locked(st, api)) return e;
   const binding& b = current_binding;
+  if (b.set && b.ctx && b.epoch == st.epoch) {
+    auto it = st.contexts.find(b.ctx);
+    if (it == st.contexts.end())
+      return fail(ACL_ERROR_RT_CONTEXT_NULL, api,
+                  "the thread's context was destroyed (aclrtDestroyContext, or its device was reset)");
+    out.runtime = st.runtime;
+    out.index = it->second->device;
+    out.device = &st.runtime->device(out.index);
+    out.ctx = it->second;
+    return ACL_SUCCESS;
+  }
   if (!b.set || b.epoch != st.epoch || b.device >= st.devices.size() ||
       b.generation != st.devices[b.device].generation || st.devices[b.device].refcount <= 0)
     return fail(ACL_ERROR_RT_CONTEXT_NULL, api,
@@ -238,6 +291,7 @@ aclError current_locked(state& st, const char* api, context& out) {
   out.runtime = st.runtime;
   out.index = b.device;
   out.device = &st.runtime->device(b.device);
+  out.ctx = primary_context_locked(st, b.device);
   return ACL_SUCCESS;
 }
 
@@ -262,20 +316,55 @@ const std::shared_ptr<stream_obj>& device_stream(std::shared_ptr<stream_obj>& sl
 
 }  // namespace
 
+const std::shared_ptr<stream_obj>& context_stream_locked(state& st, context_obj& c, cora::device& dev) {
+  if (c.primary) {
+    context ctx;
+    ctx.device = &dev;
+    ctx.index = c.device;
+    return device_stream(st.devices[c.device].default_stream, ctx);
+  }
+  if (!c.default_stream) {
+    auto s = std::make_shared<stream_obj>();
+    s->s = dev.make_stream();
+    s->device = c.device;
+    s->context = &c;
+    c.default_stream = std::move(s);
+  }
+  return c.default_stream;
+}
+
+std::shared_ptr<stream_obj> new_stream_locked(state& st, const context& ctx, const cora::stream_options& o) {
+  auto s = std::make_shared<stream_obj>();
+  s->s = ctx.device->make_stream(o);
+  s->device = ctx.index;
+  s->context = ctx.ctx && !ctx.ctx->primary ? ctx.ctx.get() : nullptr;
+  s->id = st.next_stream_id++;
+  st.streams.emplace(s.get(), s);
+  return s;
+}
+
 aclError resolve_stream_locked(state& st, const char* api, aclrtStream handle,
                                std::shared_ptr<stream_obj>& out) {
   if (handle) {
     if (aclError e = require_init_locked(st, api)) return e;
     auto it = st.streams.find(handle);
-    if (it == st.streams.end())
-      return fail(ACL_ERROR_RT_INVALID_HANDLE, api,
-                  "the stream is not a live handle (destroyed, or never created)");
-    out = it->second;
-    return ACL_SUCCESS;
+    if (it != st.streams.end()) {
+      out = it->second;
+      return ACL_SUCCESS;
+    }
+    // A context's default stream (aclrtCtxGetCurrentDefaultStream) is a handle too.
+    for (auto& [h, c] : st.contexts) {
+      auto& d = c->primary ? st.devices[c->device].default_stream : c->default_stream;
+      if (d && d.get() == handle) {
+        out = d;
+        return ACL_SUCCESS;
+      }
+    }
+    return fail(ACL_ERROR_RT_INVALID_HANDLE, api, "the stream is not a live handle (destroyed, or never created)");
   }
   context ctx;
   if (aclError e = current_locked(st, api, ctx)) return e;
-  out = device_stream(st.devices[ctx.index].default_stream, ctx);
+  out = context_stream_locked(st, *ctx.ctx, *ctx.device);
   return ACL_SUCCESS;
 }
 

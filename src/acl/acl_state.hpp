@@ -77,13 +77,31 @@ struct report_queue;
 struct stream_obj {
   cora::stream s;
   std::size_t device = 0;
+  const void* context = nullptr;  // the aclrtContext it was created in (null: a device's own)
+  std::int32_t id = 0;            // aclrtStreamGetId
+  std::uint32_t priority = 0;
+  std::uint32_t flags = 0;
+  std::uint64_t failure_mode = 0;  // ACL_CONTINUE_ON_FAILURE
+  std::uint32_t overflow_switch = 0;
   std::shared_ptr<report_queue> subscriber;  // aclrtSubscribeReport; guarded by the state mutex
+  std::shared_ptr<report_queue> host_func_thread;  // aclrtSubscribeHostFunc; likewise
+};
+
+/// An aclrtContext: a device and its default stream. Each device's primary context stands for
+/// the device set by aclrtSetDevice; others come from aclrtCreateContext.
+struct context_obj {
+  std::size_t device = 0;
+  bool primary = false;
+  std::shared_ptr<stream_obj> default_stream;  // made on first use; guarded by the state mutex
+  std::unordered_map<std::int64_t, std::int64_t> sys_params;  // aclrtCtxSetSysParamOpt
 };
 
 struct event_obj {
   cora::event ev;
   std::size_t device = 0;
   std::uint32_t flags = 0;
+  std::uint32_t id = 0;   // aclrtGetEventId
+  bool recorded = false;  // guarded by the state mutex
 };
 
 struct function_obj {
@@ -147,6 +165,7 @@ struct device_slot {
   int refcount = 0;              // aclrtSetDevice minus aclrtResetDevice, over all threads
   std::uint64_t generation = 0;  // bumped when the device's resources are released
   std::shared_ptr<stream_obj> default_stream;  // the NULL stream
+  std::shared_ptr<context_obj> primary;        // the default context, while the device is set
   std::shared_ptr<stream_obj> sync_stream;     // carries aclrtMemcpy / aclrtMemset
   // Mixed mode: function handles of kernel launcher symbols used on this device.
   std::unordered_map<const void*, std::shared_ptr<function_obj>> symbol_functions;
@@ -161,6 +180,7 @@ struct teardown {
   std::vector<std::shared_ptr<function_obj>> functions;
   std::vector<std::shared_ptr<report_queue>> reporters;
   std::vector<std::shared_ptr<args_obj>> args;
+  std::vector<std::shared_ptr<context_obj>> contexts;
   std::shared_ptr<cora::runtime> runtime;
   bool wait_streams = true;
 
@@ -191,16 +211,22 @@ class state {
   /// until aclFinalize).
   void retire_user_args_locked(const void* handle);
   std::unordered_map<std::uint64_t, std::shared_ptr<report_queue>> reporters;
+  std::unordered_map<std::uint64_t, std::shared_ptr<report_queue>> host_func_threads;
+  std::unordered_map<const void*, std::shared_ptr<context_obj>> contexts;
+  std::unordered_map<std::int64_t, std::int64_t> sys_params;  // aclrtSetSysParamOpt
+  std::int32_t next_stream_id = 1;
+  std::uint32_t next_event_id = 1;
 
   /// Moves every object of device `index` into `out` and voids the device's bindings.
   void release_device_locked(std::size_t index, teardown& out);
 };
 
-/// The calling thread's device.
+/// The calling thread's device and context.
 struct context {
   std::shared_ptr<cora::runtime> runtime;
   std::size_t index = 0;
   cora::device* device = nullptr;
+  std::shared_ptr<context_obj> ctx;
 };
 
 /// Fails with ACL_ERROR_UNINITIALIZE before aclInit.
@@ -210,8 +236,18 @@ aclError initialized_runtime(const char* api, std::shared_ptr<cora::runtime>& ou
 /// The calling thread's device: ACL_ERROR_UNINITIALIZE, ACL_ERROR_RT_CONTEXT_NULL without one.
 aclError current_locked(state& st, const char* api, context& out);
 aclError current(const char* api, context& out);
-/// Binds the calling thread to device `index` (aclrtSetDevice).
+/// Binds the calling thread to device `index` (aclrtSetDevice): its primary context.
 void bind_thread_locked(state& st, std::size_t index);
+/// Binds the calling thread to a context made by aclrtCreateContext.
+void bind_thread_locked(state& st, const std::shared_ptr<context_obj>& ctx);
+/// The primary context of a device that is set (made on first use).
+const std::shared_ptr<context_obj>& primary_context_locked(state& st, std::size_t index);
+/// The default stream of a context (made on first use).
+const std::shared_ptr<stream_obj>& context_stream_locked(state& st, context_obj& ctx, cora::device& dev);
+/// A new stream of the calling thread's context.
+std::shared_ptr<stream_obj> new_stream_locked(state& st, const context& ctx, const cora::stream_options& o = {});
+/// Fails with ACL_ERROR_RT_INVALID_DEVICEID unless `deviceId` names a device.
+aclError check_device_locked(state& st, const char* api, std::int64_t deviceId);
 
 /// The stream behind a handle; NULL is the current device's default stream.
 aclError resolve_stream_locked(state& st, const char* api, aclrtStream handle,

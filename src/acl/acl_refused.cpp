@@ -169,30 +169,6 @@ aclError aclrtGetDeviceUtilizationRate(int32_t deviceId, aclrtUtilizationInfo* u
   return refuse(__func__, "this function is not implemented by cora");
 }
 
-aclError aclrtCreateEventExWithFlag(aclrtEvent* event, uint32_t flag) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtRecordEventWithFlag(aclrtEvent event, aclrtStream stream, uint32_t flag) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtResetEvent(aclrtEvent event, aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtQueryEvent(aclrtEvent event, aclrtEventStatus* status) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtQueryEventWaitStatus(aclrtEvent event, aclrtEventWaitStatus* status) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtEventGetTimestamp(aclrtEvent event, uint64_t* timestamp) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtMallocAlign32(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
   return refuse(__func__, "this function is not implemented by cora");
 }
@@ -577,14 +553,6 @@ aclError aclrtWaitAndResetNotify(aclrtNotify notify, aclrtStream stream, uint32_
 
 aclError aclrtGetNotifyId(aclrtNotify notify, uint32_t* notifyId) {
   return refuse(__func__, "Ascend notify objects do not exist on cora's devices");
-}
-
-aclError aclrtGetEventId(aclrtEvent event, uint32_t* eventId) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtGetEventAvailNum(uint32_t* eventCount) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtGetDeviceInfo(uint32_t deviceId, aclrtDevAttr attr, int64_t* value) {

@@ -67,6 +67,164 @@ TEST_P(acl_memory_test, HostMemory) {
   EXPECT_EQ(aclrtFreeHost(&not_pinned), ACL_ERROR_RT_PARAM_INVALID);
 }
 
+TEST_P(acl_memory_test, AllocationForms) {
+  void* p = nullptr;
+  ASSERT_EQ(aclrtMallocAlign32(&p, 33, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 32, 0u);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMallocCached(&p, 64, ACL_MEM_MALLOC_NORMAL_ONLY), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFreeWithDevSync(p), ACL_SUCCESS);
+  EXPECT_EQ(aclrtMallocCached(&p, 64, static_cast<aclrtMemMallocPolicy>(12345)), ACL_ERROR_INVALID_PARAM);
+  aclrtMallocAttribute attr{};
+  attr.attr = ACL_RT_MEM_ATTR_DEVICE_ID;
+  attr.value.deviceId = static_cast<uint32_t>(dev_);
+  aclrtMallocConfig cfg{&attr, 1};
+  ASSERT_EQ(aclrtMallocWithCfg(&p, 128, ACL_MEM_MALLOC_HUGE_FIRST, &cfg), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMallocWithCfg(&p, 128, ACL_MEM_MALLOC_HUGE_FIRST, nullptr), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+  attr.value.deviceId = 999;
+  EXPECT_EQ(aclrtMallocWithCfg(&p, 128, ACL_MEM_MALLOC_HUGE_FIRST, &cfg), ACL_ERROR_RT_INVALID_DEVICEID);
+  attr.attr = static_cast<aclrtMallocAttrType>(77);
+  EXPECT_EQ(aclrtMallocWithCfg(&p, 128, ACL_MEM_MALLOC_HUGE_FIRST, &cfg), ACL_ERROR_INVALID_PARAM);
+  ASSERT_EQ(aclrtMallocHostWithCfg(&p, 256, nullptr), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFreeHostWithDevSync(p), ACL_SUCCESS);
+  EXPECT_EQ(aclrtMallocHostWithCfg(nullptr, 256, nullptr), ACL_ERROR_INVALID_PARAM);
+}
+
+TEST_P(acl_memory_test, MemInfoAndPointerAttributes) {
+  size_t free_before = 0, total = 0, free_after = 0;
+  ASSERT_EQ(aclrtGetMemInfo(ACL_HBM_MEM, &free_before, &total), ACL_SUCCESS);
+  EXPECT_GT(total, 0u);
+  EXPECT_LE(free_before, total);
+  void* d = dmalloc(1 << 20);
+  ASSERT_EQ(aclrtGetMemInfo(ACL_HBM_MEM, &free_after, &total), ACL_SUCCESS);
+  EXPECT_LE(free_after + (1 << 20), free_before);
+  EXPECT_EQ(aclrtGetMemInfo(static_cast<aclrtMemAttr>(99), &free_after, &total), ACL_ERROR_INVALID_PARAM);
+  aclrtPtrAttributes a{};
+  ASSERT_EQ(aclrtPointerGetAttributes(d, &a), ACL_SUCCESS);
+  EXPECT_EQ(a.location.type, ACL_MEM_LOCATION_TYPE_DEVICE);
+  EXPECT_EQ(a.location.id, static_cast<uint32_t>(dev_));
+  void* h = nullptr;
+  ASSERT_EQ(aclrtMallocHost(&h, 64), ACL_SUCCESS);
+  ASSERT_EQ(aclrtPointerGetAttributes(h, &a), ACL_SUCCESS);
+  EXPECT_EQ(a.location.type, ACL_MEM_LOCATION_TYPE_HOST);
+  std::vector<char> pageable(64);
+  ASSERT_EQ(aclrtPointerGetAttributes(pageable.data(), &a), ACL_SUCCESS);
+  EXPECT_EQ(a.location.type, ACL_MEM_LOCATION_TYPE_UNREGISTERED);
+  EXPECT_EQ(aclrtPointerGetAttributes(nullptr, &a), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtFreeHost(h), ACL_SUCCESS);
+}
+
+TEST_P(acl_memory_test, HostRegistration) {
+  std::vector<uint32_t> host(256, 0);
+  void* dev = nullptr;
+  const aclError r = aclrtHostRegister(host.data(), host.size() * 4, ACL_HOST_REGISTER_MAPPED, &dev);
+  if (cuda()) {
+    EXPECT_EQ(r, ACL_ERROR_RT_FEATURE_NOT_SUPPORT);  // needs the core's host registration
+    return;
+  }
+  ASSERT_EQ(r, ACL_SUCCESS) << aclGetRecentErrMsg();
+  EXPECT_EQ(aclrtHostRegister(host.data() + 8, 16, ACL_HOST_REGISTER_MAPPED, &dev),
+            ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  EXPECT_EQ(aclrtHostRegister(host.data(), 16, ACL_HOST_REGISTER_READONLY, &dev), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtHostRegister(host.data(), 16, static_cast<aclrtHostRegisterType>(3), &dev), ACL_ERROR_INVALID_PARAM);
+  void* dp = nullptr;
+  ASSERT_EQ(aclrtHostGetDevicePointer(host.data() + 4, &dp, 0), ACL_SUCCESS);
+  EXPECT_EQ(dp, host.data() + 4);
+  aclrtPtrAttributes a{};
+  ASSERT_EQ(aclrtPointerGetAttributes(host.data(), &a), ACL_SUCCESS);
+  EXPECT_EQ(a.location.type, ACL_MEM_LOCATION_TYPE_HOST);
+  // A kernel writes through the registered range.
+  void* flag = dev;
+  uint64_t us = 1;
+  void* args[] = {&us, &flag};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("slow"), 1, nullptr, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+  EXPECT_EQ(host[0], 1u);
+  ASSERT_EQ(aclrtHostUnregister(host.data()), ACL_SUCCESS);
+  EXPECT_EQ(aclrtHostUnregister(host.data()), ACL_ERROR_HOST_MEMORY_NOT_REGISTERED);  // twice
+  EXPECT_EQ(aclrtHostGetDevicePointer(host.data(), &dp, 0), ACL_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  ASSERT_EQ(aclrtHostRegisterV2(host.data(), 64, ACL_HOST_REG_MAPPED), ACL_SUCCESS);
+  EXPECT_EQ(aclrtHostUnregister(host.data()), ACL_SUCCESS);
+  // Memory of cora's own is not registered again.
+  void* pinned = nullptr;
+  ASSERT_EQ(aclrtMallocHost(&pinned, 64), ACL_SUCCESS);
+  EXPECT_EQ(aclrtHostRegister(pinned, 64, ACL_HOST_REGISTER_MAPPED, &dev), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+}
+
+TEST_P(acl_memory_test, ManagedMemory) {
+  void* p = nullptr;
+  const aclError r = aclrtMemAllocManaged(&p, 64, 0);
+  if (cuda()) {
+    EXPECT_EQ(r, ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    return;
+  }
+  ASSERT_EQ(r, ACL_SUCCESS);
+  static_cast<char*>(p)[0] = 7;  // reachable from the host
+  aclrtPtrAttributes a{};
+  ASSERT_EQ(aclrtPointerGetAttributes(p, &a), ACL_SUCCESS);
+  EXPECT_EQ(a.location.type, ACL_MEM_LOCATION_TYPE_MANAGED);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+  EXPECT_EQ(aclrtMemAllocManaged(&p, 64, 9), ACL_ERROR_INVALID_PARAM);
+}
+
+TEST_P(acl_memory_test, TwoDimensionalCopiesAndD32Fills) {
+  // A 4 x 3 block out of a 6-wide host matrix into a 8-pitch device layout and back.
+  std::vector<uint8_t> src(6 * 3);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i);
+  void* d = dmalloc(8 * 3);
+  ASSERT_EQ(aclrtMemset(d, 24, 0xee, 24), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpy2d(d, 8, src.data(), 6, 4, 3, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);
+  auto back = download<uint8_t>(d, 24);
+  for (size_t r = 0; r < 3; ++r)
+    for (size_t c = 0; c < 8; ++c) EXPECT_EQ(back[r * 8 + c], c < 4 ? src[r * 6 + c] : 0xee) << r << "," << c;
+  std::vector<uint8_t> out(5 * 3, 0);
+  ASSERT_EQ(aclrtMemcpy2dAsync(out.data(), 5, d, 8, 4, 3, ACL_MEMCPY_DEVICE_TO_HOST, nullptr), ACL_SUCCESS);
+  EXPECT_EQ(out[5 + 3], src[6 + 3]);  // pageable destination: done on return
+  EXPECT_EQ(aclrtMemcpy2d(d, 2, src.data(), 6, 4, 3, ACL_MEMCPY_HOST_TO_DEVICE), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtMemcpy2d(d, 8, src.data(), 6, 4, 3, static_cast<aclrtMemcpyKind>(42)), ACL_ERROR_INVALID_PARAM);
+  void* w = dmalloc(4 * 100000);
+  ASSERT_EQ(aclrtMemsetD32(w, 4 * 100000, 0xdeadbeef, 100000), ACL_SUCCESS);
+  auto words = download<uint32_t>(w, 100000);
+  EXPECT_EQ(words.front(), 0xdeadbeefu);
+  EXPECT_EQ(words.back(), 0xdeadbeefu);
+  ASSERT_EQ(aclrtMemsetD32Async(w, 8, 5, 2, nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+  EXPECT_EQ(download<uint32_t>(w, 3)[1], 5u);
+  EXPECT_EQ(download<uint32_t>(w, 3)[2], 0xdeadbeefu);
+  EXPECT_EQ(aclrtMemsetD32(w, 7, 1, 2), ACL_ERROR_INVALID_PARAM);
+}
+
+TEST_P(acl_memory_test, BatchCopies) {
+  std::vector<uint32_t> a(16, 1), b(32, 2);
+  void* da = dmalloc(64);
+  void* db = dmalloc(128);
+  void* dsts[] = {da, db};
+  void* srcs[] = {a.data(), b.data()};
+  size_t maxs[] = {64, 128}, sizes[] = {64, 128};
+  aclrtMemcpyBatchAttr attr{};
+  attr.dstLoc.type = ACL_MEM_LOCATION_TYPE_DEVICE;
+  attr.srcLoc.type = ACL_MEM_LOCATION_TYPE_HOST;
+  size_t idx[] = {0};
+  size_t fail_index = 0;
+  ASSERT_EQ(aclrtMemcpyBatch(dsts, maxs, srcs, sizes, 2, &attr, idx, 1, &fail_index), ACL_SUCCESS);
+  EXPECT_EQ(fail_index, SIZE_MAX);
+  EXPECT_EQ(download<uint32_t>(db, 32)[31], 2u);
+  size_t too_big[] = {64, 129};
+  EXPECT_EQ(aclrtMemcpyBatch(dsts, maxs, srcs, too_big, 2, &attr, idx, 1, &fail_index), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtMemcpyBatch(dsts, maxs, srcs, sizes, 2, nullptr, idx, 1, &fail_index), ACL_ERROR_INVALID_PARAM);
+  std::vector<uint32_t> ra(16), rb(32);
+  void* back_dsts[] = {ra.data(), rb.data()};
+  void* back_srcs[] = {da, db};
+  ASSERT_EQ(aclrtMemcpyBatchAsync(back_dsts, maxs, back_srcs, sizes, 2, &attr, idx, 1, &fail_index, nullptr),
+            ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+  EXPECT_EQ(ra[0], 1u);
+  EXPECT_EQ(rb[31], 2u);
+}
+
 TEST_P(acl_memory_test, CopiesInEveryDirection) {
   const std::size_t n = 100000;
   std::vector<uint32_t> src(n);

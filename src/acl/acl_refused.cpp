@@ -169,27 +169,7 @@ aclError aclrtGetDeviceUtilizationRate(int32_t deviceId, aclrtUtilizationInfo* u
   return refuse(__func__, "this function is not implemented by cora");
 }
 
-aclError aclrtMallocAlign32(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtMallocCached(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtMallocWithCfg(void** devPtr, size_t size, aclrtMemMallocPolicy policy, aclrtMallocConfig* cfg) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtMallocForTaskScheduler(void** devPtr, size_t size, aclrtMemMallocPolicy policy, aclrtMallocConfig* cfg) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtMallocHostWithCfg(void** ptr, uint64_t size, aclrtMallocConfig* cfg) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtPointerGetAttributes(const void* ptr, aclrtPtrAttributes* attributes) {
   return refuse(__func__, "this function is not implemented by cora");
 }
 
@@ -199,22 +179,6 @@ aclError aclrtMemManagedGetAttr(aclrtMemManagedRangeAttribute attribute, const v
 
 aclError aclrtMemManagedGetAttrs(aclrtMemManagedRangeAttribute* attributes, size_t numAttributes, const void* ptr, size_t size, void** data, size_t* dataSizes) {
   return refuse(__func__, "managed-memory advice and prefetch are not implemented");
-}
-
-aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type, void** devPtr) {
-  return refuse(__func__, "this callback registration is not implemented");
-}
-
-aclError aclrtHostRegisterV2(void* ptr, uint64_t size, uint32_t flag) {
-  return refuse(__func__, "this callback registration is not implemented");
-}
-
-aclError aclrtHostGetDevicePointer(void* pHost, void** pDevice, uint32_t flag) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtHostUnregister(void* ptr) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtHostMemMapCapabilities(uint32_t deviceId, aclrtHacType hacType, aclrtHostMemMapCapability* capabilities) {
@@ -233,36 +197,8 @@ aclError aclrtMemInvalidate(void* devPtr, size_t size) {
   return refuse(__func__, "cache maintenance operations are Ascend hardware features");
 }
 
-aclError aclrtMemAllocManaged(void** ptr, uint64_t size, uint32_t flag) {
-  return refuse(__func__, "managed-memory advice and prefetch are not implemented");
-}
-
-aclError aclrtFreeWithDevSync(void* devPtr) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtFreeHostWithDevSync(void* hostPtr) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtMemsetD32(void* ptr, size_t memSize, uint32_t value, size_t N) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtMemsetD32Async(void* ptr, size_t memSize, uint32_t value, size_t N, aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtMemcpyAsyncWithCondition(void* dst, size_t destMax, const void* src, size_t count, aclrtMemcpyKind kind, aclrtStream stream) {
   return refuse(__func__, "this copy form is an Ascend task type");
-}
-
-aclError aclrtMemcpy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, aclrtMemcpyKind kind) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtMemcpy2dAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, aclrtMemcpyKind kind, aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtGetSymbolAddress(const void* symbol, void** devPtr) {
@@ -355,10 +291,6 @@ aclError aclrtDeviceEnablePeerAccess(int32_t peerDeviceId, uint32_t flags) {
 }
 
 aclError aclrtDeviceDisablePeerAccess(int32_t peerDeviceId) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t* free, size_t* total) {
   return refuse(__func__, "this function is not implemented by cora");
 }
 
@@ -723,16 +655,8 @@ aclError aclrtGetDevicesTopo(uint32_t deviceId, uint32_t otherDeviceId, uint64_t
   return refuse(__func__, "Ascend device identifiers are not modelled");
 }
 
-aclError aclrtMemcpyBatch(void** dsts, size_t* destMaxs, void** srcs, size_t* sizes, size_t numBatches, aclrtMemcpyBatchAttr* attrs, size_t* attrsIndexes, size_t numAttrs, size_t* failIndex) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtMemcpyBatchV2(void** dsts, size_t* destMaxs, void** srcs, size_t* sizes, size_t numBatches, aclrtMemcpyBatchAttr* attrs, size_t* attrsIndexes, size_t numAttrs) {
   return refuse(__func__, "this copy form is an Ascend task type");
-}
-
-aclError aclrtMemcpyBatchAsync(void** dsts, size_t* destMaxs, void** srcs, size_t* sizes, size_t numBatches, aclrtMemcpyBatchAttr* attrs, size_t* attrsIndexes, size_t numAttrs, size_t* failIndex, aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtMemcpyBatchAsyncV2(void** dsts, size_t* destMaxs, void** srcs, size_t* sizes, size_t numBatches, aclrtMemcpyBatchAttr* attrs, size_t* attrsIndexes, size_t numAttrs, aclrtStream stream) {

@@ -65,6 +65,11 @@ aclError aclrtDestroyContext(aclrtContext context) {
             td.reporters.push_back(s->subscriber);
           }
           s->subscriber.reset();
+          if (s->host_func_thread && --s->host_func_thread->streams == 0) {
+            st.host_func_threads.erase(s->host_func_thread->thread_id);
+            td.reporters.push_back(s->host_func_thread);
+          }
+          s->host_func_thread.reset();
           td.streams.push_back(std::move(s));
           it = st.streams.erase(it);
         } else {

@@ -100,59 +100,6 @@ aclError aclsysGetVersionNum(char* pkgName, int32_t* versionNum) {
   return refuse(__func__, "this function is not implemented by cora");
 }
 
-aclError aclrtPeekAtLastError(aclrtLastErrLevel level) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtGetLastError(aclrtLastErrLevel level) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtSetExceptionInfoCallback(aclrtExceptionInfoCallback callback) {
-  return refuse(__func__, "this callback registration is not implemented");
-}
-
-aclError aclrtExceptionInfoCallbackRegister(aclrtExceptionInfoCallback callback) {
-  return refuse(__func__, "this callback registration is not implemented");
-}
-
-aclError aclrtExceptionInfoCallbackUnregister(aclrtExceptionInfoCallback callback) {
-  return refuse(__func__, "this callback registration is not implemented");
-}
-
-uint32_t aclrtGetTaskIdFromExceptionInfo(const aclrtExceptionInfo* info) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return 0;
-}
-
-uint32_t aclrtGetStreamIdFromExceptionInfo(const aclrtExceptionInfo* info) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return 0;
-}
-
-uint32_t aclrtGetThreadIdFromExceptionInfo(const aclrtExceptionInfo* info) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return 0;
-}
-
-uint32_t aclrtGetDeviceIdFromExceptionInfo(const aclrtExceptionInfo* info) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return 0;
-}
-
-uint32_t aclrtGetErrorCodeFromExceptionInfo(const aclrtExceptionInfo* info) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return 0;
-}
-
-aclError aclrtGetArgsFromExceptionInfo(const aclrtExceptionInfo* info, void** devArgsPtr, uint32_t* devArgsLen) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtGetFuncHandleFromExceptionInfo(const aclrtExceptionInfo* info, aclrtFuncHandle* func) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtBinarySetExceptionCallback(aclrtBinHandle binHandle, aclrtOpExceptionCallback callback, void* userData) {
   return refuse(__func__, "this callback registration is not implemented");
 }
@@ -183,10 +130,6 @@ aclError aclrtMemManagedGetAttrs(aclrtMemManagedRangeAttribute* attributes, size
 
 aclError aclrtHostMemMapCapabilities(uint32_t deviceId, aclrtHacType hacType, aclrtHostMemMapCapability* capabilities) {
   return refuse(__func__, "virtual memory management is not implemented");
-}
-
-aclError aclrtGetThreadLastTaskId(uint32_t* taskId) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtMemFlush(void* devPtr, size_t size) {
@@ -340,18 +283,6 @@ aclError aclrtGetOverflowStatus(void* outputAddr, size_t outputSize, aclrtStream
 
 aclError aclrtResetOverflowStatus(aclrtStream stream) {
   return refuse(__func__, "floating-point overflow status is an Ascend hardware feature");
-}
-
-aclError aclrtSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtProcessHostFunc(int32_t timeout) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtUnSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtQueryDeviceStatus(int32_t deviceId, aclrtDeviceStatus* deviceStatus) {
@@ -807,10 +738,6 @@ aclError aclrtRandomNumAsync(const aclrtRandomNumTaskInfo* taskInfo, const aclrt
   return refuse(__func__, "an Ascend task type that cora's devices cannot run");
 }
 
-aclError aclrtRegDeviceStateCallback(const char* regName, aclrtDeviceStateCallback callback, void* args) {
-  return refuse(__func__, "this callback registration is not implemented");
-}
-
 aclError aclrtSetDeviceTaskAbortCallback(const char* regName, aclrtDeviceTaskAbortCallback callback, void* args) {
   return refuse(__func__, "Ascend error repair is not available");
 }
@@ -865,10 +792,6 @@ aclError aclrtCntNotifyGetId(aclrtCntNotify cntNotify, uint32_t* notifyId) {
 
 aclError aclrtPersistentTaskClean(aclrtStream stream) {
   return refuse(__func__, "an Ascend task type that cora's devices cannot run");
-}
-
-aclError aclrtGetErrorVerbose(int32_t deviceId, aclrtErrorInfo* errorInfo) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtRepairError(int32_t deviceId, const aclrtErrorInfo* errorInfo) {

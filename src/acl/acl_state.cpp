@@ -1,6 +1,7 @@
 #include "acl/acl_state.hpp"
 
 #include <cerrno>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <new>
@@ -13,6 +14,21 @@ namespace cora::acl {
 namespace {
 
 thread_local std::string recent_message;
+thread_local aclError last_code = ACL_SUCCESS;
+thread_local std::uint32_t last_task_id = 0;
+std::atomic<std::uint32_t> next_task_id{1};
+struct sync_target {
+  bool set = false;
+  std::size_t device = 0;
+  std::int32_t stream_id = 0;
+};
+thread_local sync_target sync_of_thread;
+
+// A code CANN gives for a failed task (kernel fault, timeout, lost device).
+bool task_failure(aclError code) {
+  return code == ACL_ERROR_RT_AICORE_EXCEPTION || code == ACL_ERROR_RT_AICORE_TIMEOUT ||
+         code == ACL_ERROR_RT_LOST_HEARTBEAT;
+}
 
 /// The device the calling thread set, valid while its epoch and generation are current.
 struct binding {
@@ -33,8 +49,25 @@ aclError fail(aclError code, const char* api, const std::string& message) {
     recent_message = std::string(api) + ": " + message;
   } catch (...) {
   }
+  last_code = code;
+  if (task_failure(code) && sync_of_thread.set)
+    report_task_failure(code, sync_of_thread.device, sync_of_thread.stream_id);
   return code;
 }
+
+aclError last_error(bool clear) noexcept {
+  const aclError c = last_code;
+  if (clear) last_code = ACL_SUCCESS;
+  return c;
+}
+
+std::uint32_t count_task() noexcept { return last_task_id = next_task_id.fetch_add(1, std::memory_order_relaxed); }
+std::uint32_t last_task() noexcept { return last_task_id; }
+
+synchronizing::synchronizing(std::size_t device, std::int32_t stream_id) noexcept {
+  sync_of_thread = {true, device, stream_id};
+}
+synchronizing::~synchronizing() { sync_of_thread = {}; }
 
 const char* recent_error_message() noexcept {
   return recent_message.empty() ? nullptr : recent_message.c_str();
@@ -195,6 +228,11 @@ void state::release_device_locked(std::size_t index, teardown& out) {
       out.reporters.push_back(s->subscriber);
     }
     s->subscriber.reset();
+    if (s->host_func_thread && --s->host_func_thread->streams == 0) {
+      host_func_threads.erase(s->host_func_thread->thread_id);
+      out.reporters.push_back(s->host_func_thread);
+    }
+    s->host_func_thread.reset();
   }
   for (auto* s : {&slot.default_stream, &slot.sync_stream})
     if (*s) {
@@ -203,6 +241,11 @@ void state::release_device_locked(std::size_t index, teardown& out) {
         out.reporters.push_back((*s)->subscriber);
       }
       (*s)->subscriber.reset();
+      if ((*s)->host_func_thread && --(*s)->host_func_thread->streams == 0) {
+        host_func_threads.erase((*s)->host_func_thread->thread_id);
+        out.reporters.push_back((*s)->host_func_thread);
+      }
+      (*s)->host_func_thread.reset();
       out.streams.push_back(std::move(*s));
     }
   for (auto it = contexts.begin(); it != contexts.end();) {
@@ -420,6 +463,7 @@ aclError wait(const char* api, cora::pending<void>& p) {
 
 aclError check_enqueued(const char* api, cora::pending<void>& p,
                         std::initializer_list<std::pair<cora::errc, aclError>> overrides) {
+  count_task();
   if (!p.ready()) return ACL_SUCCESS;
   const std::error_code ec = p.error();  // observes it: the failure is reported here, once
   if (!ec) return ACL_SUCCESS;
@@ -429,6 +473,7 @@ aclError check_enqueued(const char* api, cora::pending<void>& p,
 }
 
 aclError synchronize_stream(const char* api, stream_obj& s, std::int32_t timeout_ms) {
+  const synchronizing sync(s.device, s.id);
   if (timeout_ms >= 0) {
     // Poll through stream::idle() (which queries the device) rather than arming a wait that a
     // timeout would abandon: an abandoned synchronize would swallow a fault reported later.

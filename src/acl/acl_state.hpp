@@ -24,6 +24,15 @@
 
 #include <cora/cora.hpp>
 
+/// What an exception-info callback receives (CANN's opaque aclrtExceptionInfo).
+struct rtExceptionInfo {
+  std::uint32_t task_id = 0;
+  std::uint32_t stream_id = 0;
+  std::uint32_t thread_id = 0;
+  std::uint32_t device_id = 0;
+  std::uint32_t error_code = 0;
+};
+
 namespace cora::acl {
 
 // --- errors ------------------------------------------------------------------------------------
@@ -32,6 +41,22 @@ namespace cora::acl {
 aclError fail(aclError code, const char* api, const std::string& message);
 /// This thread's recent error message (aclGetRecentErrMsg), or null.
 const char* recent_error_message() noexcept;
+/// This thread's last error code (aclrtPeekAtLastError); `clear` resets it (aclrtGetLastError).
+aclError last_error(bool clear) noexcept;
+/// Counts a task enqueued by this thread (aclrtGetThreadLastTaskId) and returns its id.
+std::uint32_t count_task() noexcept;
+std::uint32_t last_task() noexcept;
+/// Tells the exception-info callbacks (and aclrtGetErrorVerbose) of a failed task.
+void report_task_failure(aclError code, std::size_t device, std::int32_t stream_id) noexcept;
+/// Tells the aclrtRegDeviceStateCallback callbacks of a device set or reset.
+void device_state_changed(std::int32_t device, aclrtDeviceState state) noexcept;
+/// The stream being synchronized by this thread, for the task failures it reports.
+struct synchronizing {
+  synchronizing(std::size_t device, std::int32_t stream_id) noexcept;
+  ~synchronizing();
+  synchronizing(const synchronizing&) = delete;
+  synchronizing& operator=(const synchronizing&) = delete;
+};
 /// CANN's code for a core error (table in docs/acl-compat.md).
 aclError to_acl(std::error_code ec) noexcept;
 /// fail() with the code of a core error and its detail message.

@@ -38,6 +38,11 @@ aclError take_stream(const char* api, aclrtStream stream, std::shared_ptr<stream
       td.reporters.push_back(out->subscriber);
     }
     out->subscriber.reset();
+    if (out->host_func_thread && --out->host_func_thread->streams == 0) {
+      st.host_func_threads.erase(out->host_func_thread->thread_id);
+      td.reporters.push_back(out->host_func_thread);
+    }
+    out->host_func_thread.reset();
   }
   td.run();
   return ACL_SUCCESS;

@@ -20,99 +20,7 @@ aclError refuse(const char* api, const char* why) {
 
 extern "C" {
 
-float aclFloat16ToFloat(aclFloat16 value) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return 0;
-}
-
-aclFloat16 aclFloatToFloat16(float value) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return 0;
-}
-
-aclDataBuffer* aclCreateDataBuffer(void* data, size_t size) {
-  (void)refuse(__func__, "Ascend mbuf chains do not exist on cora's devices");
-  return nullptr;
-}
-
-aclError aclDestroyDataBuffer(const aclDataBuffer* dataBuffer) {
-  return refuse(__func__, "Ascend mbuf chains do not exist on cora's devices");
-}
-
-aclError aclUpdateDataBuffer(aclDataBuffer* dataBuffer, void* data, size_t size) {
-  return refuse(__func__, "Ascend mbuf chains do not exist on cora's devices");
-}
-
-void* aclGetDataBufferAddr(const aclDataBuffer* dataBuffer) {
-  (void)refuse(__func__, "Ascend mbuf chains do not exist on cora's devices");
-  return nullptr;
-}
-
-uint32_t aclGetDataBufferSize(const aclDataBuffer* dataBuffer) {
-  (void)refuse(__func__, "Ascend mbuf chains do not exist on cora's devices");
-  return 0;
-}
-
-size_t aclGetDataBufferSizeV2(const aclDataBuffer* dataBuffer) {
-  (void)refuse(__func__, "Ascend mbuf chains do not exist on cora's devices");
-  return 0;
-}
-
-size_t aclDataTypeSize(aclDataType dataType) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return 0;
-}
-
-void aclAppLog(aclLogLevel logLevel, const char* func, const char* file, uint32_t line, const char* fmt, ...) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-}
-
-const char* aclrtGetSocName(void) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return nullptr;
-}
-
-aclError aclGetCannAttributeList(const aclCannAttr** cannAttrList, size_t* num) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclGetCannAttribute(aclCannAttr cannAttr, int32_t* value) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclGetDeviceCapability(uint32_t deviceId, aclDeviceInfo deviceInfo, int64_t* value) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclFinalizeReference(uint64_t* refCount) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclsysGetCANNVersion(aclCANNPackageName name, aclCANNPackageVersion* version) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclsysGetVersionStr(char* pkgName, char* versionStr) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclsysGetVersionNum(char* pkgName, int32_t* versionNum) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtBinarySetExceptionCallback(aclrtBinHandle binHandle, aclrtOpExceptionCallback callback, void* userData) {
-  return refuse(__func__, "this callback registration is not implemented");
-}
-
-aclError aclrtGetRunMode(aclrtRunMode* runMode) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtSetTsDevice(aclrtTsId tsId) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtGetDeviceUtilizationRate(int32_t deviceId, aclrtUtilizationInfo* utilizationInfo) {
   return refuse(__func__, "this function is not implemented by cora");
 }
 
@@ -225,18 +133,6 @@ aclError aclrtGetGroupInfoDetail(const aclrtGroupInfo* groupInfo, int32_t groupI
   return refuse(__func__, "AI Core groups are an Ascend hardware feature");
 }
 
-aclError aclrtDeviceCanAccessPeer(int32_t* canAccessPeer, int32_t deviceId, int32_t peerDeviceId) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtDeviceEnablePeerAccess(int32_t peerDeviceId, uint32_t flags) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtDeviceDisablePeerAccess(int32_t peerDeviceId) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtGetMemUsageInfo(int32_t deviceId, aclrtMemUsageInfo* memUsageInfo, size_t inputNum, size_t* outputNum) {
   return refuse(__func__, "this function is not implemented by cora");
 }
@@ -283,23 +179,6 @@ aclError aclrtGetOverflowStatus(void* outputAddr, size_t outputSize, aclrtStream
 
 aclError aclrtResetOverflowStatus(aclrtStream stream) {
   return refuse(__func__, "floating-point overflow status is an Ascend hardware feature");
-}
-
-aclError aclrtQueryDeviceStatus(int32_t deviceId, aclrtDeviceStatus* deviceStatus) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclrtBinary aclrtCreateBinary(const void* data, size_t dataLen) {
-  (void)refuse(__func__, "this function is not implemented by cora");
-  return nullptr;
-}
-
-aclError aclrtDestroyBinary(aclrtBinary binary) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtBinaryLoad(const aclrtBinary binary, aclrtBinHandle* binHandle) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle, aclrtMemHandleType handleType, uint64_t flags, uint64_t* shareableHandle) {
@@ -351,18 +230,6 @@ aclError aclrtMemUceRepair(int32_t deviceId, aclrtMemUceInfo* memUceInfoArray, s
 }
 
 aclError aclrtStreamAbort(aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtBinaryGetDevAddress(const aclrtBinHandle binHandle, void** binAddr, size_t* binSize) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtBinaryGetGlobal(aclrtBinHandle binHandle, const char* name, void** dptr, size_t* size) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtGetFunctionAddr(aclrtFuncHandle funcHandle, void** aicAddr, void** aivAddr) {
   return refuse(__func__, "this function is not implemented by cora");
 }
 
@@ -418,14 +285,6 @@ aclError aclrtGetNotifyId(aclrtNotify notify, uint32_t* notifyId) {
   return refuse(__func__, "Ascend notify objects do not exist on cora's devices");
 }
 
-aclError aclrtGetDeviceInfo(uint32_t deviceId, aclrtDevAttr attr, int64_t* value) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtGetDeviceCapability(int32_t deviceId, aclrtDevFeatureType devFeatureType, int32_t* value) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtDeviceGetUuid(int32_t deviceId, aclrtUuid* uuid) {
   return refuse(__func__, "Ascend device identifiers are not modelled");
 }
@@ -456,18 +315,6 @@ aclError aclrtDeviceGetP2PAtomicCapabilities(uint32_t* capabilities, const aclrt
 
 aclError aclrtReduceAsync(void* dst, const void* src, uint64_t count, aclrtReduceKind kind, aclDataType type, aclrtStream stream, void* reserve) {
   return refuse(__func__, "an Ascend task type that cora's devices cannot run");
-}
-
-aclError aclrtGetDeviceResLimit(int32_t deviceId, aclrtDevResLimitType type, uint32_t* value) {
-  return refuse(__func__, "device resource limits are Ascend task-scheduler settings");
-}
-
-aclError aclrtSetDeviceResLimit(int32_t deviceId, aclrtDevResLimitType type, uint32_t value) {
-  return refuse(__func__, "device resource limits are Ascend task-scheduler settings");
-}
-
-aclError aclrtResetDeviceResLimit(int32_t deviceId) {
-  return refuse(__func__, "device resource limits are Ascend task-scheduler settings");
 }
 
 aclError aclrtGetStreamResLimit(aclrtStream stream, aclrtDevResLimitType type, uint32_t* value) {
@@ -650,10 +497,6 @@ aclError aclmdlFinalizeDump(void) {
   return refuse(__func__, "model dumps belong to CANN's graph engine");
 }
 
-aclError aclrtGetVersion(int32_t* majorVersion, int32_t* minorVersion, int32_t* patchVersion) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclInitCallbackRegister(aclRegisterCallbackType type, aclInitCallbackFunc cbFunc, void* userData) {
   return refuse(__func__, "this callback registration is not implemented");
 }
@@ -746,10 +589,6 @@ aclError aclrtGetOpExecuteTimeout(uint32_t* const timeoutMs) {
   return refuse(__func__, "operator timeouts are an Ascend task-scheduler setting");
 }
 
-aclError aclrtDevicePeerAccessStatus(int32_t deviceId, int32_t peerDeviceId, int32_t* status) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtStreamStop(aclrtStream stream) {
   return refuse(__func__, "this function is not implemented by cora");
 }
@@ -836,14 +675,6 @@ aclError aclrtCacheLastTaskOpInfo(const void* const infoPtr, const size_t infoSi
 
 aclError aclrtCacheLastTaskExtendInfo(const char* const extendInfoPtr, const size_t infoSize) {
   return refuse(__func__, "an Ascend task type that cora's devices cannot run");
-}
-
-aclError aclrtGetFunctionAttribute(aclrtFuncHandle funcHandle, aclrtFuncAttribute attrType, int64_t* attrValue) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtFunctionGetBinary(const aclrtFuncHandle funcHandle, aclrtBinHandle* binHandle) {
-  return refuse(__func__, "this function is not implemented by cora");
 }
 
 aclError aclrtFunctionGetAvailDynUbufPerBlock(void* func, uint32_t flags, size_t* dynamicUbufSize) {

@@ -338,6 +338,21 @@ aclError current_locked(state& st, const char* api, context& out) {
   return ACL_SUCCESS;
 }
 
+bool peek_current_device_locked(state& st, std::size_t& index) {
+  if (!st.runtime) return false;
+  const binding& b = current_binding;
+  if (!b.set || b.epoch != st.epoch || b.device >= st.devices.size()) return false;
+  if (b.ctx) {
+    auto it = st.contexts.find(b.ctx);
+    if (it == st.contexts.end()) return false;
+    index = it->second->device;
+    return true;
+  }
+  if (b.generation != st.devices[b.device].generation || st.devices[b.device].refcount <= 0) return false;
+  index = b.device;
+  return true;
+}
+
 aclError current(const char* api, context& out) {
   auto& st = state::get();
   std::lock_guard lock(st.mutex);

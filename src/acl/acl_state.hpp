@@ -132,6 +132,7 @@ struct event_obj {
 struct function_obj {
   cora::kernel k;
   std::size_t device = 0;
+  const void* binary = nullptr;  // its aclrtBinHandle (null for a registered symbol's)
 };
 
 struct binary_obj {
@@ -139,6 +140,8 @@ struct binary_obj {
   std::size_t device = 0;
   // One handle per kernel, so repeated lookups give the same handle; guarded by the state mutex.
   std::unordered_map<std::string, std::shared_ptr<function_obj>> functions;
+  aclrtOpExceptionCallback exception_callback = nullptr;  // aclrtBinarySetExceptionCallback
+  void* exception_user_data = nullptr;
 };
 
 /// An argument list (aclrtArgsHandle): the core's kernel_args plus the parameter handles.
@@ -261,6 +264,8 @@ aclError initialized_runtime(const char* api, std::shared_ptr<cora::runtime>& ou
 /// The calling thread's device: ACL_ERROR_UNINITIALIZE, ACL_ERROR_RT_CONTEXT_NULL without one.
 aclError current_locked(state& st, const char* api, context& out);
 aclError current(const char* api, context& out);
+/// The calling thread's device, if it has one; records no error.
+bool peek_current_device_locked(state& st, std::size_t& index);
 /// Binds the calling thread to device `index` (aclrtSetDevice): its primary context.
 void bind_thread_locked(state& st, std::size_t index);
 /// Binds the calling thread to a context made by aclrtCreateContext.

@@ -21,11 +21,11 @@ aclError refuse(const char* api, const char* why) {
 extern "C" {
 
 aclError aclrtSetTsDevice(aclrtTsId tsId) {
-  return refuse(__func__, "this function is not implemented by cora");
+  return refuse(__func__, "Ascend task schedulers are not modelled");
 }
 
 aclError aclrtMallocForTaskScheduler(void** devPtr, size_t size, aclrtMemMallocPolicy policy, aclrtMallocConfig* cfg) {
-  return refuse(__func__, "this function is not implemented by cora");
+  return refuse(__func__, "per-module memory statistics are an Ascend driver feature");
 }
 
 aclError aclrtMemManagedGetAttr(aclrtMemManagedRangeAttribute attribute, const void* ptr, size_t size, void* data, size_t dataSize) {
@@ -134,7 +134,7 @@ aclError aclrtGetGroupInfoDetail(const aclrtGroupInfo* groupInfo, int32_t groupI
 }
 
 aclError aclrtGetMemUsageInfo(int32_t deviceId, aclrtMemUsageInfo* memUsageInfo, size_t inputNum, size_t* outputNum) {
-  return refuse(__func__, "this function is not implemented by cora");
+  return refuse(__func__, "per-module memory statistics are an Ascend driver feature");
 }
 
 aclError aclrtSetOpWaitTimeout(uint32_t timeout) {
@@ -230,11 +230,11 @@ aclError aclrtMemUceRepair(int32_t deviceId, aclrtMemUceInfo* memUceInfoArray, s
 }
 
 aclError aclrtStreamAbort(aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
+  return refuse(__func__, "cora's streams cannot discard or pause queued work");
 }
 
 aclError aclrtGetFunctionSize(aclrtFuncHandle funcHandle, size_t* aicSize, size_t* aivSize) {
-  return refuse(__func__, "this function is not implemented by cora");
+  return refuse(__func__, "kernel code sizes are not exposed");
 }
 
 aclError aclrtGetMemcpyDescSize(aclrtMemcpyKind kind, size_t* descSize) {
@@ -254,7 +254,7 @@ aclError aclrtMemcpyAsyncWithDesc(void* desc, aclrtMemcpyKind kind, aclrtStream 
 }
 
 aclError aclrtValueWait(void* devAddr, uint64_t value, uint32_t flag, aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
+  return refuse(__func__, "stream waits on a memory value are not implemented in cora's core");
 }
 
 aclError aclrtCreateNotify(aclrtNotify* notify, uint64_t flag) {
@@ -590,7 +590,7 @@ aclError aclrtGetOpExecuteTimeout(uint32_t* const timeoutMs) {
 }
 
 aclError aclrtStreamStop(aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
+  return refuse(__func__, "cora's streams cannot discard or pause queued work");
 }
 
 aclError aclrtTaskUpdateAsync(aclrtStream taskStream, uint32_t taskId, aclrtTaskUpdateInfo* info, aclrtStream execStream) {

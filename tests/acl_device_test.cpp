@@ -343,6 +343,33 @@ TEST_P(acl_device_test, DeviceAndSystemQueries) {
   EXPECT_EQ(aclrtDeviceCanAccessPeer(&peer, dev_, 9999), ACL_ERROR_RT_INVALID_DEVICEID);
 }
 
+TEST_P(acl_device_test, DeviceIdentifiers) {
+  int32_t id = -1;
+  ASSERT_EQ(aclrtGetLogicDevIdByUserDevId(dev_, &id), ACL_SUCCESS);
+  EXPECT_EQ(id, dev_);
+  ASSERT_EQ(aclrtGetPhyDevIdByLogicDevId(dev_, &id), ACL_SUCCESS);
+  EXPECT_EQ(id, dev_);
+  EXPECT_EQ(aclrtGetUserDevIdByPhyDevId(9999, &id), ACL_ERROR_RT_INVALID_DEVICEID);
+  EXPECT_EQ(aclrtGetPhyDevIdByUserDevId(dev_, nullptr), ACL_ERROR_INVALID_PARAM);
+  aclrtUuid uuid{};
+  char bus[64] = {};
+  if (!cuda()) {
+    EXPECT_EQ(aclrtDeviceGetUuid(dev_, &uuid), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_EQ(aclrtDeviceGetPCIBusId(dev_, bus, sizeof bus), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    return;
+  }
+  ASSERT_EQ(aclrtDeviceGetUuid(dev_, &uuid), ACL_SUCCESS);
+  bool nonzero = false;
+  for (char b : uuid.bytes) nonzero |= b != 0;
+  EXPECT_TRUE(nonzero);
+  ASSERT_EQ(aclrtDeviceGetPCIBusId(dev_, bus, sizeof bus), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDeviceGetPCIBusId(dev_, bus, 2), ACL_ERROR_INVALID_PARAM);
+  int32_t found = -1;
+  ASSERT_EQ(aclrtDeviceGetByPCIBusId(bus, &found), ACL_SUCCESS);
+  EXPECT_EQ(found, dev_);
+  EXPECT_EQ(aclrtDeviceGetByPCIBusId("0000:ff:ff.7", &found), ACL_ERROR_RT_INVALID_DEVICEID);
+}
+
 TEST(acl_system_test, VersionsAttributesAndDataTypes) {
   char version[ACL_PKG_VERSION_MAX_SIZE] = {};
   char runtime[] = "runtime", bogus[] = "nope";

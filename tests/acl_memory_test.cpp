@@ -1,4 +1,7 @@
 // The C API: device and host memory, copies and fills.
+#include <acl/acl_rt_api.h>
+
+#include <algorithm>
 #include <numeric>
 
 #include "support/acl_c_api.h"
@@ -220,6 +223,31 @@ TEST_P(acl_memory_test, BatchCopies) {
   ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
   EXPECT_EQ(ra[0], 1u);
   EXPECT_EQ(rb[31], 2u);
+  std::fill(rb.begin(), rb.end(), 0u);
+  ASSERT_EQ(aclrtMemcpyBatchV2(back_dsts, maxs, back_srcs, sizes, 2, &attr, idx, 1), ACL_SUCCESS);
+  EXPECT_EQ(rb[31], 2u);
+}
+
+// CANN's C++ overloads (acl_rt_api.h) reach the same functions.
+TEST_P(acl_memory_test, CppOverloads) {
+  float* p = nullptr;
+  ASSERT_EQ(aclrtMalloc(&p, 64 * sizeof(float)), ACL_SUCCESS);  // template: HUGE_FIRST, no config
+  std::vector<float> host(64, 1.5f), back(64, 0.0f);
+  ASSERT_EQ(aclrtMemcpy(p, 64 * sizeof(float), host.data(), 64 * sizeof(float), ACL_MEMCPY_HOST_TO_DEVICE),
+            ACL_SUCCESS);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s, 0, ACL_STREAM_FAST_LAUNCH), ACL_SUCCESS);
+  aclrtEvent ev = nullptr;
+  ASSERT_EQ(aclrtCreateEvent(&ev, ACL_EVENT_SYNC), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpyAsync(back.data(), 64 * sizeof(float), p, 64 * sizeof(float), ACL_MEMCPY_DEVICE_TO_HOST, s),
+            ACL_SUCCESS);
+  ASSERT_EQ(aclrtRecordEvent(ev, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeEvent(ev, 10000), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s, -1), ACL_SUCCESS);
+  EXPECT_EQ(back[63], 1.5f);
+  EXPECT_EQ(aclrtDestroyEvent(ev), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
 }
 
 TEST_P(acl_memory_test, CopiesInEveryDirection) {

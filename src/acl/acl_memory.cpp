@@ -657,4 +657,18 @@ aclError aclrtMemcpyBatchAsync(void** dsts, size_t* destMaxs, void** srcs, size_
   });
 }
 
+aclError aclrtMemcpyBatchV2(void** dsts, size_t* destMaxs, void** srcs, size_t* sizes, size_t numBatches,
+                            aclrtMemcpyBatchAttr* attrs, size_t* attrsIndexes, size_t numAttrs) {
+  size_t failIndex = 0;  // the V2 forms report no index
+  return aclrtMemcpyBatch(dsts, destMaxs, srcs, sizes, numBatches, attrs, attrsIndexes, numAttrs, &failIndex);
+}
+
+aclError aclrtMemcpyBatchAsyncV2(void** dsts, size_t* destMaxs, void** srcs, size_t* sizes, size_t numBatches,
+                                 aclrtMemcpyBatchAttr* attrs, size_t* attrsIndexes, size_t numAttrs,
+                                 aclrtStream stream) {
+  size_t failIndex = 0;
+  return aclrtMemcpyBatchAsync(dsts, destMaxs, srcs, sizes, numBatches, attrs, attrsIndexes, numAttrs, &failIndex,
+                               stream);
+}
+
 }  // extern "C"

@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <strings.h>
+#include <cctype>
+#include <string>
 
 #include "acl/acl_state.hpp"
 
@@ -444,6 +447,89 @@ void aclAppLog(aclLogLevel logLevel, const char* func, const char* file, uint32_
   std::vfprintf(stderr, fmt, ap);
   va_end(ap);
   std::fputc('\n', stderr);
+}
+
+// --- device identifiers -------------------------------------------------------------------------
+
+aclError aclrtDeviceGetUuid(int32_t deviceId, aclrtUuid* uuid) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(uuid, "uuid is NULL");
+    cora::device* dev = nullptr;
+    if (aclError e = device_of(api, deviceId, dev)) return e;
+    // The driver's UUID, as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx": its 32 hex digits.
+    std::string hex;
+    for (char c : dev->properties().uuid)
+      if (std::isxdigit(static_cast<unsigned char>(c)) && c != '\0') hex += c;
+    if (dev->properties().uuid.rfind("GPU-", 0) != 0 || hex.size() != 32)
+      return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "the device has no UUID (the CPU device has none)");
+    for (int i = 0; i < 16; ++i)
+      uuid->bytes[i] = static_cast<char>(std::stoi(hex.substr(static_cast<std::size_t>(2 * i), 2), nullptr, 16));
+    return ACL_SUCCESS;
+  });
+}
+
+aclError aclrtDeviceGetPCIBusId(int32_t deviceId, char* pciBusId, int32_t len) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(pciBusId && len > 0, "pciBusId is NULL or len is not positive");
+    cora::device* dev = nullptr;
+    if (aclError e = device_of(api, deviceId, dev)) return e;
+    const std::string& id = dev->properties().pci_bus_id;
+    if (id.empty()) return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "the device is on no PCI bus (the CPU device)");
+    CORA_ACL_REQUIRE(id.size() < static_cast<std::size_t>(len),
+                     "len (" + std::to_string(len) + ") cannot hold the bus id and its terminator");
+    std::memcpy(pciBusId, id.c_str(), id.size() + 1);
+    return ACL_SUCCESS;
+  });
+}
+
+aclError aclrtDeviceGetByPCIBusId(const char* pciBusId, int32_t* deviceId) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(pciBusId && deviceId, "pciBusId or deviceId is NULL");
+    auto& st = state::get();
+    std::lock_guard lock(st.mutex);
+    if (aclError e = require_init_locked(st, api)) return e;
+    for (std::size_t i = 0; i < st.runtime->device_count(); ++i) {
+      const std::string& id = st.runtime->device(i).properties().pci_bus_id;
+      if (!id.empty() && strcasecmp(id.c_str(), pciBusId) == 0) {
+        *deviceId = static_cast<int32_t>(i);
+        return ACL_SUCCESS;
+      }
+    }
+    return fail(ACL_ERROR_RT_INVALID_DEVICEID, api, std::string("no device on PCI bus '") + pciBusId + "'");
+  });
+}
+
+// Logical, user and physical device ids are one id on cora: no device is hidden or remapped.
+namespace {
+aclError same_id(const char* api, int32_t in, int32_t* out) {
+  CORA_ACL_REQUIRE(out, "the output id is NULL");
+  cora::device* dev = nullptr;
+  if (aclError e = device_of(api, in, dev)) return e;
+  *out = in;
+  return ACL_SUCCESS;
+}
+}  // namespace
+
+aclError aclrtGetLogicDevIdByUserDevId(const int32_t userDevid, int32_t* const logicDevId) {
+  return guarded(__func__, [&] { return same_id(__func__, userDevid, logicDevId); });
+}
+aclError aclrtGetUserDevIdByLogicDevId(const int32_t logicDevId, int32_t* const userDevid) {
+  return guarded(__func__, [&] { return same_id(__func__, logicDevId, userDevid); });
+}
+aclError aclrtGetLogicDevIdByPhyDevId(const int32_t phyDevId, int32_t* const logicDevId) {
+  return guarded(__func__, [&] { return same_id(__func__, phyDevId, logicDevId); });
+}
+aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t* const phyDevId) {
+  return guarded(__func__, [&] { return same_id(__func__, logicDevId, phyDevId); });
+}
+aclError aclrtGetUserDevIdByPhyDevId(const int32_t phyDevId, int32_t* const userDevId) {
+  return guarded(__func__, [&] { return same_id(__func__, phyDevId, userDevId); });
+}
+aclError aclrtGetPhyDevIdByUserDevId(const int32_t userDevId, int32_t* const phyDevId) {
+  return guarded(__func__, [&] { return same_id(__func__, userDevId, phyDevId); });
 }
 
 }  // extern "C"

@@ -285,24 +285,12 @@ aclError aclrtGetNotifyId(aclrtNotify notify, uint32_t* notifyId) {
   return refuse(__func__, "Ascend notify objects do not exist on cora's devices");
 }
 
-aclError aclrtDeviceGetUuid(int32_t deviceId, aclrtUuid* uuid) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
-}
-
 aclError aclrtDeviceSetLimit(aclrtDeviceLimit limit, size_t value) {
   return refuse(__func__, "device resource limits are Ascend task-scheduler settings");
 }
 
 aclError aclrtDeviceGetLimit(aclrtDeviceLimit limit, size_t* value) {
   return refuse(__func__, "device resource limits are Ascend task-scheduler settings");
-}
-
-aclError aclrtDeviceGetPCIBusId(int32_t deviceId, char *pciBusId, int32_t len) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
-}
-
-aclError aclrtDeviceGetByPCIBusId(const char *pciBusId, int32_t *deviceId) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
 }
 
 aclError aclrtDeviceGetHostAtomicCapabilities(uint32_t* capabilities, const aclrtAtomicOperation* operations, const uint32_t count, int32_t deviceId) {
@@ -433,14 +421,6 @@ aclError aclrtGetDevicesTopo(uint32_t deviceId, uint32_t otherDeviceId, uint64_t
   return refuse(__func__, "Ascend device identifiers are not modelled");
 }
 
-aclError aclrtMemcpyBatchV2(void** dsts, size_t* destMaxs, void** srcs, size_t* sizes, size_t numBatches, aclrtMemcpyBatchAttr* attrs, size_t* attrsIndexes, size_t numAttrs) {
-  return refuse(__func__, "this copy form is an Ascend task type");
-}
-
-aclError aclrtMemcpyBatchAsyncV2(void** dsts, size_t* destMaxs, void** srcs, size_t* sizes, size_t numBatches, aclrtMemcpyBatchAttr* attrs, size_t* attrsIndexes, size_t numAttrs, aclrtStream stream) {
-  return refuse(__func__, "this function is not implemented by cora");
-}
-
 aclError aclrtIpcMemGetExportKey(void* devPtr, size_t size, char* key, size_t len, uint64_t flags) {
   return refuse(__func__, "inter-process sharing of memory and events is not implemented");
 }
@@ -515,30 +495,6 @@ aclError aclFinalizeCallbackUnRegister(aclRegisterCallbackType type, aclFinalize
 
 aclError aclrtCheckMemType(void** addrList, uint32_t size, uint32_t memType, uint32_t* checkResult, uint32_t reserve) {
   return refuse(__func__, "this function is not implemented by cora");
-}
-
-aclError aclrtGetLogicDevIdByUserDevId(const int32_t userDevid, int32_t* const logicDevId) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
-}
-
-aclError aclrtGetUserDevIdByLogicDevId(const int32_t logicDevId, int32_t* const userDevid) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
-}
-
-aclError aclrtGetLogicDevIdByPhyDevId(const int32_t phyDevId, int32_t* const logicDevId) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
-}
-
-aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t* const phyDevId) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
-}
-
-aclError aclrtGetUserDevIdByPhyDevId(const int32_t phyDevId, int32_t* const userDevId) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
-}
-
-aclError aclrtGetPhyDevIdByUserDevId(const int32_t userDevId, int32_t* const phyDevId) {
-  return refuse(__func__, "Ascend device identifiers are not modelled");
 }
 
 aclError aclrtProfTrace(void* userdata, int32_t length, aclrtStream stream) {

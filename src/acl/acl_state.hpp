@@ -7,6 +7,7 @@
 #include <acl/acl.h>
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -106,8 +107,7 @@ struct stream_obj {
   std::int32_t id = 0;            // aclrtStreamGetId
   std::uint32_t priority = 0;
   std::uint32_t flags = 0;
-  std::uint64_t failure_mode = 0;  // ACL_CONTINUE_ON_FAILURE
-  std::uint32_t overflow_switch = 0;
+  std::atomic<std::uint64_t> failure_mode{0};  // ACL_CONTINUE_ON_FAILURE; set from any thread
   std::shared_ptr<report_queue> subscriber;  // aclrtSubscribeReport; guarded by the state mutex
   std::shared_ptr<report_queue> host_func_thread;  // aclrtSubscribeHostFunc; likewise
 };

@@ -1,6 +1,7 @@
 // The C API: contexts, the per-thread current context and device.
 #include <atomic>
 
+#include "support/acl_c_api.h"
 #include "support/acl_fixture.hpp"
 
 namespace cora::test {
@@ -173,6 +174,7 @@ TEST_P(acl_context_test, SystemParameters) {
   ASSERT_EQ(aclrtCtxSetSysParamOpt(ACL_OPT_ENABLE_DEBUG_KERNEL, 0), ACL_SUCCESS);
   ASSERT_EQ(aclrtCtxGetSysParamOpt(ACL_OPT_ENABLE_DEBUG_KERNEL, &v), ACL_SUCCESS);
   EXPECT_EQ(v, 0);
+  EXPECT_EQ(acl_c_set_sys_param_opt(99, 1), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtGetSysParamOpt(ACL_OPT_DETERMINISTIC, nullptr), ACL_ERROR_INVALID_PARAM);
 }
 

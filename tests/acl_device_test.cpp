@@ -6,6 +6,7 @@
 
 #include <asio/error.hpp>
 
+#include "support/acl_c_api.h"
 #include "support/acl_fixture.hpp"
 
 namespace cora::test {
@@ -338,6 +339,7 @@ TEST_P(acl_device_test, DeviceAndSystemQueries) {
   EXPECT_GT(limit, 0u);
   EXPECT_EQ(aclrtSetDeviceResLimit(dev_, ACL_RT_DEV_RES_VECTOR_CORE, 1), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
   EXPECT_EQ(aclrtResetDeviceResLimit(dev_), ACL_SUCCESS);
+  EXPECT_EQ(acl_c_get_device_res_limit(dev_, 5, &limit), ACL_ERROR_INVALID_PARAM);
   int32_t peer = 7;
   EXPECT_EQ(aclrtDeviceCanAccessPeer(&peer, dev_, dev_), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtDeviceCanAccessPeer(&peer, dev_, 9999), ACL_ERROR_RT_INVALID_DEVICEID);

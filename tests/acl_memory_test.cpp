@@ -185,6 +185,7 @@ TEST_P(acl_memory_test, TwoDimensionalCopiesAndD32Fills) {
   ASSERT_EQ(aclrtMemcpy2dAsync(out.data(), 5, d, 8, 4, 3, ACL_MEMCPY_DEVICE_TO_HOST, nullptr), ACL_SUCCESS);
   EXPECT_EQ(out[5 + 3], src[6 + 3]);  // pageable destination: done on return
   EXPECT_EQ(aclrtMemcpy2d(d, 2, src.data(), 6, 4, 3, ACL_MEMCPY_HOST_TO_DEVICE), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(acl_c_memcpy2d(d, 8, src.data(), 6, 4, 3, 42), ACL_ERROR_INVALID_PARAM);
   void* w = dmalloc(4 * 100000);
   ASSERT_EQ(aclrtMemsetD32(w, 4 * 100000, 0xdeadbeef, 100000), ACL_SUCCESS);
   auto words = download<uint32_t>(w, 100000);
@@ -215,6 +216,9 @@ TEST_P(acl_memory_test, BatchCopies) {
   size_t too_big[] = {64, 129};
   EXPECT_EQ(aclrtMemcpyBatch(dsts, maxs, srcs, too_big, 2, &attr, idx, 1, &fail_index), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtMemcpyBatch(dsts, maxs, srcs, sizes, 2, nullptr, idx, 1, &fail_index), ACL_ERROR_INVALID_PARAM);
+  aclrtMemcpyBatchAttr bad = attr;
+  acl_c_set_location_type(&bad.dstLoc, 99);
+  EXPECT_EQ(aclrtMemcpyBatch(dsts, maxs, srcs, sizes, 2, &bad, idx, 1, &fail_index), ACL_ERROR_INVALID_PARAM);
   std::vector<uint32_t> ra(16), rb(32);
   void* back_dsts[] = {ra.data(), rb.data()};
   void* back_srcs[] = {da, db};

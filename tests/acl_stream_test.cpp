@@ -1,4 +1,5 @@
 // The C API: streams.
+#include "support/acl_c_api.h"
 #include "support/acl_fixture.hpp"
 
 namespace cora::test {
@@ -74,6 +75,7 @@ TEST_P(acl_stream_test, CreateV2WithAConfigHandle) {
   EXPECT_EQ(aclrtSetStreamConfigOpt(cfg, ACL_RT_STREAM_PRIORITY, &prio, sizeof(prio)), ACL_SUCCESS);
   EXPECT_EQ(aclrtSetStreamConfigOpt(cfg, ACL_RT_STREAM_FLAG, &flag, sizeof(flag)), ACL_SUCCESS);
   EXPECT_EQ(aclrtSetStreamConfigOpt(cfg, ACL_RT_STREAM_FLAG, &flag, 1), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(acl_c_set_stream_config_opt(cfg, 9, &flag, sizeof(flag)), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtSetStreamConfigOpt(nullptr, ACL_RT_STREAM_FLAG, &flag, sizeof(flag)), ACL_ERROR_INVALID_PARAM);
   aclrtStream s = nullptr;
   EXPECT_EQ(aclrtCreateStreamV2(&s, nullptr), ACL_ERROR_INVALID_PARAM);

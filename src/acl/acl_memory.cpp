@@ -328,6 +328,12 @@ aclError check_batch(const char* api, void** dsts, std::size_t* destMaxs, void**
   CORA_ACL_REQUIRE(numAttrs > 0 && numAttrs <= numBatches && attrs && attrsIndexes,
                    "attrs and attrsIndexes must name 1 to numBatches attributes");
   CORA_ACL_REQUIRE(attrsIndexes[0] == 0, "attrsIndexes[0] must be 0");
+  for (std::size_t i = 0; i < numAttrs; ++i)
+    for (const auto* loc : {&attrs[i].dstLoc, &attrs[i].srcLoc}) {
+      const auto t = enum_value(loc->type);
+      CORA_ACL_REQUIRE(t >= ACL_MEM_LOCATION_TYPE_HOST && t <= ACL_MEM_LOCATION_TYPE_HOST_NUMA,
+                       "a location type is not an aclrtMemLocationType");
+    }
   for (std::size_t i = 1; i < numAttrs; ++i)
     CORA_ACL_REQUIRE(attrsIndexes[i] > attrsIndexes[i - 1] && attrsIndexes[i] < numBatches,
                      "attrsIndexes must increase and stay below numBatches");

@@ -328,6 +328,8 @@ aclError cora_acl_register_symbol(const void* symbol, const void* binary, size_t
   });
 }
 
+}  // extern "C"
+
 // --- binaries in memory, function queries -------------------------------------------------------
 
 namespace {
@@ -351,6 +353,8 @@ aclError lookup_binary(const char* api, aclrtBinHandle h, std::shared_ptr<binary
 }
 
 }  // namespace
+
+extern "C" {
 
 aclrtBinary aclrtCreateBinary(const void* data, size_t dataLen) {
   const char* const api = __func__;

@@ -502,6 +502,8 @@ aclError aclrtDeviceGetByPCIBusId(const char* pciBusId, int32_t* deviceId) {
   });
 }
 
+}  // extern "C"
+
 // Logical, user and physical device ids are one id on cora: no device is hidden or remapped.
 namespace {
 aclError same_id(const char* api, int32_t in, int32_t* out) {
@@ -512,6 +514,8 @@ aclError same_id(const char* api, int32_t in, int32_t* out) {
   return ACL_SUCCESS;
 }
 }  // namespace
+
+extern "C" {
 
 aclError aclrtGetLogicDevIdByUserDevId(const int32_t userDevid, int32_t* const logicDevId) {
   return guarded(__func__, [&] { return same_id(__func__, userDevid, logicDevId); });

@@ -276,6 +276,43 @@ TEST_P(acl_args_test, InitByUserMem) {
   EXPECT_EQ(aclrtKernelArgsFinalize(args), ACL_ERROR_RT_INVALID_HANDLE);
 }
 
+// Issue 18, item 10: each distinct handle address kept a registry entry until aclFinalize.
+TEST_P(acl_args_test, HandlesInUserMemoryAreReclaimed) {
+  aclrtFuncHandle empty = kernel("empty");
+  size_t handle_size = 0, mem_size = 0;
+  ASSERT_EQ(aclrtKernelArgsGetHandleMemSize(empty, &handle_size), ACL_SUCCESS);
+  ASSERT_EQ(aclrtKernelArgsGetMemSize(empty, 0, &mem_size), ACL_SUCCESS);
+  auto entries = [] {
+    auto& st = cora::acl::state::get();
+    std::lock_guard lock(st.mutex);
+    return st.args.size();
+  };
+  const auto before = entries();
+  // Launched: each handle is consumed by its launch, whatever its address.
+  std::vector<std::vector<unsigned char>> handles(500, std::vector<unsigned char>(handle_size));
+  std::vector<unsigned char> data(mem_size + 8);
+  for (auto& h : handles) {
+    ASSERT_EQ(aclrtKernelArgsInitByUserMem(empty, h.data(), data.data(), data.size()), ACL_SUCCESS);
+    ASSERT_EQ(aclrtKernelArgsFinalize(h.data()), ACL_SUCCESS);
+    ASSERT_EQ(aclrtLaunchKernelWithConfig(empty, 1, nullptr, nullptr, h.data(), nullptr), ACL_SUCCESS);
+  }
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+  EXPECT_LE(entries(), before + 1);
+  // A consumed handle is no handle until initialized again.
+  EXPECT_EQ(aclrtLaunchKernelWithConfig(empty, 1, nullptr, nullptr, handles[0].data(), nullptr),
+            ACL_ERROR_RT_INVALID_HANDLE);
+  ASSERT_EQ(aclrtKernelArgsInitByUserMem(empty, handles[0].data(), data.data(), data.size()), ACL_SUCCESS);
+  ASSERT_EQ(aclrtKernelArgsFinalize(handles[0].data()), ACL_SUCCESS);
+  ASSERT_EQ(aclrtLaunchKernelWithConfig(empty, 1, nullptr, nullptr, handles[0].data(), nullptr), ACL_SUCCESS);
+  // Not launched: a handle whose user buffer another one takes over is retired.
+  for (auto& h : handles)
+    ASSERT_EQ(aclrtKernelArgsInitByUserMem(empty, h.data(), data.data(), data.size()), ACL_SUCCESS);
+  EXPECT_LE(entries(), before + 1);
+  EXPECT_EQ(aclrtKernelArgsFinalize(handles[0].data()), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtKernelArgsFinalize(handles.back().data()), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+}
+
 TEST_P(acl_args_test, UserMemoryTooSmallForPlaceholderData) {
   aclrtFuncHandle slow = kernel("slow");
   size_t handle_size = 0;

@@ -315,5 +315,53 @@ TEST_P(acl_binary_test, SymbolHandlesDieWithTheirDevice) {
   EXPECT_TRUE(add_done(b));
 }
 
+TEST_P(acl_binary_test, BinaryObjectsAndFunctionQueries) {
+  const auto bytes = kernel_bytes("test_kernels.corabin");
+  EXPECT_EQ(aclrtCreateBinary(nullptr, 10), nullptr);
+  EXPECT_EQ(aclrtCreateBinary(bytes.data(), 0), nullptr);
+  aclrtBinary blob = aclrtCreateBinary(bytes.data(), bytes.size());
+  ASSERT_NE(blob, nullptr);
+  aclrtBinHandle bin = nullptr;
+  ASSERT_EQ(aclrtBinaryLoad(blob, &bin), ACL_SUCCESS) << aclGetRecentErrMsg();
+  ASSERT_EQ(aclrtDestroyBinary(blob), ACL_SUCCESS);  // the loaded binary does not need it
+  EXPECT_EQ(aclrtDestroyBinary(blob), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtBinaryLoad(blob, &bin), ACL_ERROR_RT_INVALID_HANDLE);
+  aclrtFuncHandle f = function(bin, "add_f32");
+  aclrtBinHandle owner = nullptr;
+  ASSERT_EQ(aclrtFunctionGetBinary(f, &owner), ACL_SUCCESS);
+  EXPECT_EQ(owner, bin);
+  int64_t v = -1;
+  ASSERT_EQ(aclrtGetFunctionAttribute(f, ACL_FUNC_ATTR_KERNEL_TYPE, &v), ACL_SUCCESS);
+  EXPECT_EQ(v, 0);
+  EXPECT_EQ(aclrtGetFunctionAttribute(f, static_cast<aclrtFuncAttribute>(0), &v), ACL_ERROR_INVALID_PARAM);
+  void *aic = nullptr, *aiv = nullptr;
+  EXPECT_EQ(aclrtGetFunctionAddr(f, &aic, &aiv), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  void* addr = nullptr;
+  size_t size = 0;
+  EXPECT_EQ(aclrtBinaryGetDevAddress(bin, &addr, &size), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtBinaryGetGlobal(bin, "x", &addr, &size), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_NE(aclGetRecentErrMsg(), nullptr);
+  // The function works: launch it.
+  auto b = make_add(256);
+  void* args[] = {&b.x, &b.y, &b.z, &b.n};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(f, 2, nullptr, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+  EXPECT_TRUE(add_done(b));
+  ASSERT_EQ(aclrtBinaryUnLoad(bin), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFunctionGetBinary(f, &owner), ACL_ERROR_RT_INVALID_HANDLE);
+}
+
+TEST_P(acl_binary_test, RefusedFunctionsSayWhy) {
+  // A function cora cannot offer links, refuses with CANN's "not supported" code, and says why.
+  aclrtNotify n = nullptr;
+  EXPECT_EQ(aclrtCreateNotify(&n, 0), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  const char* msg = aclGetRecentErrMsg();
+  ASSERT_NE(msg, nullptr);
+  EXPECT_NE(std::string(msg).find("aclrtCreateNotify"), std::string::npos) << msg;
+  EXPECT_NE(std::string(msg).find("not supported"), std::string::npos) << msg;
+  EXPECT_EQ(aclrtGetLastError(ACL_RT_THREAD_LEVEL), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtAllocatorCreateDesc(), nullptr);
+}
+
 }  // namespace
 }  // namespace cora::test

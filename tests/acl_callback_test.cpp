@@ -65,6 +65,8 @@ struct host_func_probe {
   std::atomic<int> calls{0};
 };
 
+void probe_host_func_noop(void*) {}
+
 void probe_host_func(void* arg) {
   auto* p = static_cast<host_func_probe*>(arg);
   p->seen = *p->pinned;
@@ -210,6 +212,135 @@ TEST_P(acl_callback_test, DefaultStreamCanBeSubscribed) {
   ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
   EXPECT_EQ(p.calls.load(), 1);
   EXPECT_EQ(p.thread.load(), r.id());
+}
+
+// --- aclrtSubscribeHostFunc: host functions run by a thread of the program ------------------------
+
+void count_call(void* arg) { ++*static_cast<std::atomic<int>*>(arg); }
+
+TEST_P(acl_callback_test, SubscribedThreadRunsHostFunctions) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  std::atomic<int> calls{0};
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> runner_id{0};
+  std::atomic<aclError> bad{ACL_SUCCESS};
+  std::promise<uint64_t> id;
+  auto idf = id.get_future();
+  std::promise<void> go;
+  auto gof = go.get_future();
+  std::thread runner([&] {
+    id.set_value(report_thread_id());
+    gof.wait();
+    while (!stop) {
+      const aclError e = aclrtProcessHostFunc(10);
+      if (e != ACL_SUCCESS && e != ACL_ERROR_RT_REPORT_TIMEOUT) bad = e;
+    }
+  });
+  runner_id = idf.get();
+  ASSERT_EQ(aclrtSubscribeHostFunc(runner_id, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSubscribeHostFunc(runner_id, s), ACL_ERROR_RT_STREAM_SUBSCRIBE);  // twice
+  go.set_value();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(aclrtLaunchHostFunc(s, count_call, &calls), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(calls.load(), 3);  // ran, by the subscribed thread, before the stream went on
+  stop = true;
+  runner.join();
+  EXPECT_EQ(bad.load(), ACL_SUCCESS);
+  ASSERT_EQ(aclrtUnSubscribeHostFunc(runner_id, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtUnSubscribeHostFunc(runner_id, s), ACL_ERROR_RT_STREAM_SUBSCRIBE);  // twice
+  // Unsubscribed: host functions run on cora's threads again.
+  ASSERT_EQ(aclrtLaunchHostFunc(s, count_call, &calls), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(calls.load(), 4);
+  // This thread runs no stream's host functions.
+  EXPECT_EQ(aclrtProcessHostFunc(1), ACL_ERROR_RT_THREAD_SUBSCRIBE);
+  EXPECT_EQ(aclrtProcessHostFunc(-5), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+// --- errors ----------------------------------------------------------------------------------
+
+std::atomic<int> exception_calls{0};
+std::atomic<uint32_t> exception_device{0xffffffffu}, exception_code{0}, exception_stream{0};
+void on_exception(aclrtExceptionInfo* info) {
+  ++exception_calls;
+  exception_device = aclrtGetDeviceIdFromExceptionInfo(info);
+  exception_code = aclrtGetErrorCodeFromExceptionInfo(info);
+  exception_stream = aclrtGetStreamIdFromExceptionInfo(info);
+}
+
+TEST_P(acl_callback_test, LastErrorIsPerThread) {
+  EXPECT_EQ(aclrtCreateStream(nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtPeekAtLastError(ACL_RT_THREAD_LEVEL), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtPeekAtLastError(ACL_RT_THREAD_LEVEL), ACL_ERROR_INVALID_PARAM);  // peeking keeps it
+  aclError other = -1;
+  on_thread([&] { other = aclrtGetLastError(ACL_RT_THREAD_LEVEL); });
+  EXPECT_EQ(other, ACL_SUCCESS);  // another thread's last error is its own
+  EXPECT_EQ(aclrtGetLastError(ACL_RT_THREAD_LEVEL), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtGetLastError(ACL_RT_THREAD_LEVEL), ACL_SUCCESS);  // getting clears it
+  EXPECT_EQ(aclrtGetLastError(static_cast<aclrtLastErrLevel>(1)), ACL_ERROR_INVALID_PARAM);
+  uint32_t before = 0, after = 0;
+  ASSERT_EQ(aclrtGetThreadLastTaskId(&before), ACL_SUCCESS);
+  ASSERT_EQ(aclrtLaunchHostFunc(nullptr, probe_host_func_noop, nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtGetThreadLastTaskId(&after), ACL_SUCCESS);
+  EXPECT_NE(after, before);
+  EXPECT_EQ(aclrtGetThreadLastTaskId(nullptr), ACL_ERROR_INVALID_PARAM);
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+}
+
+TEST_P(acl_callback_test, ExceptionCallbacksSeeTaskFailures) {
+  aclrtErrorInfo info{};
+  ASSERT_EQ(aclrtGetErrorVerbose(dev_, &info), ACL_SUCCESS);
+  EXPECT_EQ(aclrtGetErrorVerbose(1000, &info), ACL_ERROR_RT_INVALID_DEVICEID);
+  EXPECT_EQ(aclrtExceptionInfoCallbackRegister(nullptr), ACL_ERROR_INVALID_PARAM);
+  ASSERT_EQ(aclrtExceptionInfoCallbackRegister(on_exception), ACL_SUCCESS);
+  EXPECT_EQ(aclrtExceptionInfoCallbackRegister(on_exception), ACL_ERROR_INVALID_PARAM);
+  isolated_fault([&] {
+    exception_calls = 0;
+    aclrtStream s = nullptr;
+    ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+    int32_t sid = -1;
+    ASSERT_EQ(aclrtStreamGetId(s, &sid), ACL_SUCCESS);
+    auto out = dmalloc(64);
+    void* targs[] = {&out};
+    ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, targs), ACL_SUCCESS);
+    EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+    EXPECT_EQ(exception_calls.load(), 1);
+    EXPECT_EQ(exception_device.load(), static_cast<uint32_t>(dev_));
+    EXPECT_EQ(exception_code.load(), static_cast<uint32_t>(ACL_ERROR_RT_AICORE_EXCEPTION));
+    EXPECT_EQ(exception_stream.load(), static_cast<uint32_t>(sid));
+    aclrtErrorInfo e{};
+    ASSERT_EQ(aclrtGetErrorVerbose(dev_, &e), ACL_SUCCESS);
+    EXPECT_EQ(e.errorType, ACL_RT_ERROR_AICORE);
+    EXPECT_EQ(aclrtPeekAtLastError(ACL_RT_THREAD_LEVEL), ACL_ERROR_RT_AICORE_EXCEPTION);
+  });
+  ASSERT_EQ(aclrtExceptionInfoCallbackUnregister(on_exception), ACL_SUCCESS);
+  EXPECT_EQ(aclrtExceptionInfoCallbackUnregister(on_exception), ACL_ERROR_INVALID_PARAM);
+}
+
+struct device_log {
+  std::mutex m;
+  std::vector<std::pair<int32_t, aclrtDeviceState>> seen;
+};
+void on_device_state(int32_t d, aclrtDeviceState st, void* args) {
+  auto* log = static_cast<device_log*>(args);
+  std::lock_guard lock(log->m);
+  log->seen.emplace_back(d, st);
+}
+
+TEST_P(acl_callback_test, DeviceStateCallbacks) {
+  device_log log;
+  ASSERT_EQ(aclrtRegDeviceStateCallback("log", on_device_state, &log), ACL_SUCCESS);
+  EXPECT_EQ(aclrtRegDeviceStateCallback("", on_device_state, &log), ACL_ERROR_INVALID_PARAM);
+  ASSERT_EQ(aclrtResetDevice(dev_), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
+  ASSERT_EQ(aclrtRegDeviceStateCallback("log", nullptr, nullptr), ACL_SUCCESS);
+  ASSERT_EQ(log.seen.size(), 4u);
+  EXPECT_EQ(log.seen[0], std::make_pair(dev_, ACL_RT_DEVICE_STATE_RESET_PRE));
+  EXPECT_EQ(log.seen[1], std::make_pair(dev_, ACL_RT_DEVICE_STATE_RESET_POST));
+  EXPECT_EQ(log.seen[2], std::make_pair(dev_, ACL_RT_DEVICE_STATE_SET_PRE));
+  EXPECT_EQ(log.seen[3], std::make_pair(dev_, ACL_RT_DEVICE_STATE_SET_POST));
 }
 
 }  // namespace

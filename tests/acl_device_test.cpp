@@ -1,7 +1,12 @@
 // The C API: aclInit / aclFinalize, devices, device synchronization, aclGetRecentErrMsg.
+#include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
+#include <asio/error.hpp>
+
+#include "support/acl_c_api.h"
 #include "support/acl_fixture.hpp"
 
 namespace cora::test {
@@ -21,6 +26,51 @@ TEST(acl_init_test, RepeatedInitAndFinalizeReturnTheirCodes) {
   EXPECT_EQ(aclrtGetDeviceCount(&count), ACL_SUCCESS);
   EXPECT_GE(count, 1u);
   EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
+}
+
+// Issue 18, item 9: errors are mapped by meaning, whatever their category. A wait aborted by
+// aclFinalize carries asio's operation_aborted; it gave ACL_ERROR_RT_INTERNAL_ERROR (507000).
+TEST(acl_error_mapping_test, AbortedWaitsAreTaskAborts) {
+  EXPECT_EQ(cora::acl::to_acl(asio::error::operation_aborted), ACL_ERROR_RT_DEVICE_TASK_ABORT);
+  EXPECT_EQ(cora::acl::to_acl(std::make_error_code(std::errc::operation_canceled)), ACL_ERROR_RT_DEVICE_TASK_ABORT);
+  EXPECT_EQ(cora::acl::to_acl(std::error_code(ECANCELED, std::system_category())), ACL_ERROR_RT_DEVICE_TASK_ABORT);
+  EXPECT_EQ(cora::acl::to_acl(std::make_error_code(std::errc::timed_out)), ACL_ERROR_RT_STREAM_SYNC_TIMEOUT);
+  EXPECT_EQ(cora::acl::to_acl(std::make_error_code(std::errc::not_enough_memory)), ACL_ERROR_RT_MEMORY_ALLOCATION);
+  EXPECT_EQ(cora::acl::to_acl(std::error_code(ENOENT, std::system_category())), ACL_ERROR_RT_FILE_OPEN);
+  EXPECT_EQ(cora::acl::to_acl(cora::errc::runtime_shut_down), ACL_ERROR_UNINITIALIZE);
+  EXPECT_EQ(cora::acl::to_acl(std::error_code()), ACL_SUCCESS);
+}
+
+// A thread blocked in aclrtSynchronizeStream while another finalizes gets success (its work
+// finished first) or CANN's task-abort code, never an internal error.
+TEST(acl_error_mapping_test, SynchronizeAbortedByFinalize) {
+  ::setenv("CORA_CPU_DEVICES", "1", 1);
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  aclrtBinHandle bin = nullptr;
+  ASSERT_EQ(aclrtBinaryLoadFromFile(kernel_file("test_kernels.corabin").c_str(), nullptr, &bin), ACL_SUCCESS);
+  aclrtFuncHandle slow = nullptr;
+  ASSERT_EQ(aclrtBinaryGetFunction(bin, "slow", &slow), ACL_SUCCESS);
+  void* flag = nullptr;
+  ASSERT_EQ(aclrtMalloc(&flag, 4, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  uint64_t us = 200000;
+  void* args[] = {&us, &flag};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(slow, 1, s, nullptr, args), ACL_SUCCESS);
+  std::atomic<int> started{0};
+  aclError got = -1;
+  std::thread t([&] {
+    started = 1;
+    got = aclrtSynchronizeStream(s);
+  });
+  while (!started) std::this_thread::yield();
+  EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
+  t.join();
+  EXPECT_TRUE(got == ACL_SUCCESS || got == ACL_ERROR_RT_DEVICE_TASK_ABORT || got == ACL_ERROR_RT_INVALID_HANDLE ||
+              got == ACL_ERROR_UNINITIALIZE)
+      << got;
+  EXPECT_NE(got, ACL_ERROR_RT_INTERNAL_ERROR);
 }
 
 TEST(acl_init_test, FinalizeWithoutInitIsARepeatFinalize) { EXPECT_EQ(aclFinalize(), ACL_ERROR_REPEAT_FINALIZE); }
@@ -253,6 +303,135 @@ TEST_P(acl_two_devices, ThreadsBindDifferentDevices) {
   void* p = nullptr;
   ASSERT_EQ(aclrtMalloc(&p, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
   EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+}
+
+TEST_P(acl_device_test, DeviceAndSystemQueries) {
+  aclrtRunMode mode = ACL_DEVICE;
+  ASSERT_EQ(aclrtGetRunMode(&mode), ACL_SUCCESS);
+  EXPECT_EQ(mode, ACL_HOST);
+  const char* soc = aclrtGetSocName();
+  ASSERT_NE(soc, nullptr);
+  EXPECT_GT(std::strlen(soc), 0u);
+  int64_t v = 0;
+  ASSERT_EQ(aclrtGetDeviceInfo(static_cast<uint32_t>(dev_), ACL_DEV_ATTR_AICORE_CORE_NUM, &v), ACL_SUCCESS);
+  EXPECT_GT(v, 0);
+  ASSERT_EQ(aclrtGetDeviceInfo(static_cast<uint32_t>(dev_), ACL_DEV_ATTR_TOTAL_GLOBAL_MEM_SIZE, &v), ACL_SUCCESS);
+  size_t free_mem = 0, total = 0;
+  ASSERT_EQ(aclrtGetMemInfo(ACL_HBM_MEM, &free_mem, &total), ACL_SUCCESS);
+  EXPECT_EQ(static_cast<size_t>(v), total);
+  EXPECT_EQ(aclrtGetDeviceInfo(static_cast<uint32_t>(dev_), static_cast<aclrtDevAttr>(1000), &v), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtGetDeviceInfo(static_cast<uint32_t>(dev_), ACL_DEV_ATTR_NPU_ARCH, &v), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtGetDeviceInfo(9999, ACL_DEV_ATTR_AICORE_CORE_NUM, &v), ACL_ERROR_RT_INVALID_DEVICEID);
+  ASSERT_EQ(aclGetDeviceCapability(static_cast<uint32_t>(dev_), ACL_DEVICE_INFO_AI_CORE_NUM, &v), ACL_SUCCESS);
+  EXPECT_GT(v, 0);
+  int32_t cap = -1;
+  ASSERT_EQ(aclrtGetDeviceCapability(dev_, ACL_FEATURE_SYSTEM_MEMQ_EVENT_CROSS_DEV, &cap), ACL_SUCCESS);
+  EXPECT_EQ(cap, ACL_DEV_FEATURE_NOT_SUPPORT);
+  aclrtDeviceStatus status = ACL_RT_DEVICE_STATUS_END;
+  ASSERT_EQ(aclrtQueryDeviceStatus(dev_, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_RT_DEVICE_STATUS_NORMAL);
+  aclrtUtilizationInfo u{};
+  ASSERT_EQ(aclrtGetDeviceUtilizationRate(dev_, &u), ACL_SUCCESS);
+  EXPECT_GE(u.memoryUtilization, 0);
+  EXPECT_LE(u.memoryUtilization, 100);
+  uint32_t limit = 0;
+  ASSERT_EQ(aclrtGetDeviceResLimit(dev_, ACL_RT_DEV_RES_VECTOR_CORE, &limit), ACL_SUCCESS);
+  EXPECT_GT(limit, 0u);
+  EXPECT_EQ(aclrtSetDeviceResLimit(dev_, ACL_RT_DEV_RES_VECTOR_CORE, 1), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtResetDeviceResLimit(dev_), ACL_SUCCESS);
+  EXPECT_EQ(acl_c_get_device_res_limit(dev_, 5, &limit), ACL_ERROR_INVALID_PARAM);
+  int32_t peer = 7;
+  EXPECT_EQ(aclrtDeviceCanAccessPeer(&peer, dev_, dev_), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtDeviceCanAccessPeer(&peer, dev_, 9999), ACL_ERROR_RT_INVALID_DEVICEID);
+}
+
+TEST_P(acl_device_test, DeviceIdentifiers) {
+  int32_t id = -1;
+  ASSERT_EQ(aclrtGetLogicDevIdByUserDevId(dev_, &id), ACL_SUCCESS);
+  EXPECT_EQ(id, dev_);
+  ASSERT_EQ(aclrtGetPhyDevIdByLogicDevId(dev_, &id), ACL_SUCCESS);
+  EXPECT_EQ(id, dev_);
+  EXPECT_EQ(aclrtGetUserDevIdByPhyDevId(9999, &id), ACL_ERROR_RT_INVALID_DEVICEID);
+  EXPECT_EQ(aclrtGetPhyDevIdByUserDevId(dev_, nullptr), ACL_ERROR_INVALID_PARAM);
+  aclrtUuid uuid{};
+  char bus[64] = {};
+  if (!cuda()) {
+    EXPECT_EQ(aclrtDeviceGetUuid(dev_, &uuid), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_EQ(aclrtDeviceGetPCIBusId(dev_, bus, sizeof bus), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    return;
+  }
+  ASSERT_EQ(aclrtDeviceGetUuid(dev_, &uuid), ACL_SUCCESS);
+  bool nonzero = false;
+  for (char b : uuid.bytes) nonzero |= b != 0;
+  EXPECT_TRUE(nonzero);
+  ASSERT_EQ(aclrtDeviceGetPCIBusId(dev_, bus, sizeof bus), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDeviceGetPCIBusId(dev_, bus, 2), ACL_ERROR_INVALID_PARAM);
+  int32_t found = -1;
+  ASSERT_EQ(aclrtDeviceGetByPCIBusId(bus, &found), ACL_SUCCESS);
+  EXPECT_EQ(found, dev_);
+  EXPECT_EQ(aclrtDeviceGetByPCIBusId("0000:ff:ff.7", &found), ACL_ERROR_RT_INVALID_DEVICEID);
+}
+
+TEST(acl_system_test, VersionsAttributesAndDataTypes) {
+  char version[ACL_PKG_VERSION_MAX_SIZE] = {};
+  char runtime[] = "runtime", bogus[] = "nope";
+  ASSERT_EQ(aclsysGetVersionStr(runtime, version), ACL_SUCCESS);
+  EXPECT_GT(std::strlen(version), 0u);
+  int32_t num = 0;
+  ASSERT_EQ(aclsysGetVersionNum(runtime, &num), ACL_SUCCESS);
+  EXPECT_EQ(aclsysGetVersionStr(bogus, version), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclsysGetVersionNum(nullptr, &num), ACL_ERROR_INVALID_PARAM);
+  int32_t major = 0, minor = 0, patch = -1;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  ASSERT_EQ(aclrtGetVersion(&major, &minor, &patch), ACL_SUCCESS);
+#pragma GCC diagnostic pop
+  EXPECT_EQ(major, ACL_MAJOR_VERSION);
+  EXPECT_EQ(minor, ACL_MINOR_VERSION);
+  const aclCannAttr* attrs = nullptr;
+  size_t n = 0;
+  ASSERT_EQ(aclGetCannAttributeList(&attrs, &n), ACL_SUCCESS);
+  ASSERT_GT(n, 0u);
+  for (size_t i = 0; i < n; ++i) {
+    int32_t v = -1;
+    EXPECT_EQ(aclGetCannAttribute(attrs[i], &v), ACL_SUCCESS);
+    EXPECT_EQ(v, 1);
+  }
+  int32_t jit = -1;
+  ASSERT_EQ(aclGetCannAttribute(ACL_CANN_ATTR_JIT_COMPILE, &jit), ACL_SUCCESS);
+  EXPECT_EQ(jit, 0);
+  EXPECT_EQ(aclGetCannAttribute(static_cast<aclCannAttr>(3), &jit), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclDataTypeSize(ACL_FLOAT), 4u);
+  EXPECT_EQ(aclDataTypeSize(ACL_FLOAT16), 2u);
+  EXPECT_EQ(aclDataTypeSize(ACL_INT64), 8u);
+  EXPECT_EQ(aclDataTypeSize(ACL_COMPLEX128), 16u);
+  EXPECT_EQ(aclDataTypeSize(ACL_DT_UNDEFINED), 0u);
+  EXPECT_EQ(aclFloat16ToFloat(aclFloatToFloat16(1.5f)), 1.5f);
+  EXPECT_EQ(aclFloatToFloat16(1.0f), 0x3c00);
+  EXPECT_EQ(aclFloat16ToFloat(0xc000), -2.0f);
+  int buf = 0;
+  aclDataBuffer* db = aclCreateDataBuffer(&buf, sizeof(buf));
+  ASSERT_NE(db, nullptr);
+  EXPECT_EQ(aclGetDataBufferAddr(db), &buf);
+  EXPECT_EQ(aclGetDataBufferSizeV2(db), sizeof(buf));
+  EXPECT_EQ(aclDestroyDataBuffer(db), ACL_SUCCESS);
+  aclrtRunMode mode;
+  EXPECT_EQ(aclrtGetRunMode(nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtGetRunMode(&mode), ACL_SUCCESS);
+}
+
+TEST(acl_init_test, FinalizeReferenceCountsInits) {
+  ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
+  EXPECT_EQ(aclInit(nullptr), ACL_ERROR_REPEAT_INITIALIZE);  // two references
+  uint64_t refs = 9;
+  ASSERT_EQ(aclFinalizeReference(&refs), ACL_SUCCESS);
+  EXPECT_EQ(refs, 1u);
+  uint32_t count = 0;
+  EXPECT_EQ(aclrtGetDeviceCount(&count), ACL_SUCCESS);  // still initialized
+  ASSERT_EQ(aclFinalizeReference(&refs), ACL_SUCCESS);
+  EXPECT_EQ(refs, 0u);
+  EXPECT_EQ(aclrtGetDeviceCount(&count), ACL_ERROR_UNINITIALIZE);
+  EXPECT_EQ(aclFinalizeReference(nullptr), ACL_ERROR_REPEAT_FINALIZE);
 }
 
 }  // namespace

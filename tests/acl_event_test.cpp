@@ -141,6 +141,61 @@ TEST_P(acl_event_test, FaultBeforeTheEventSurfacesAtItsSynchronize) {
   });
 }
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // aclrtQueryEvent is tested too
+TEST_P(acl_event_test, ExtendedForms) {
+  aclrtEvent ev = nullptr;
+  ASSERT_EQ(aclrtCreateEventExWithFlag(&ev, ACL_EVENT_SYNC | ACL_EVENT_TIME_LINE), ACL_SUCCESS);
+  EXPECT_EQ(aclrtCreateEventExWithFlag(nullptr, 0), ACL_ERROR_INVALID_PARAM);
+  aclrtEventWaitStatus ws = ACL_EVENT_WAIT_STATUS_COMPLETE;
+  ASSERT_EQ(aclrtQueryEventWaitStatus(ev, &ws), ACL_SUCCESS);
+  EXPECT_EQ(ws, ACL_EVENT_WAIT_STATUS_NOT_READY);  // never recorded
+  uint64_t ts = 0;
+  EXPECT_EQ(aclrtEventGetTimestamp(ev, &ts), ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID);  // no record yet
+  auto flag = dmalloc(4);
+  ASSERT_EQ(aclrtMemset(flag, 4, 0, 4), ACL_SUCCESS);
+  aclrtEvent start = nullptr;
+  ASSERT_EQ(aclrtCreateEvent(&start), ACL_SUCCESS);
+  ASSERT_EQ(aclrtRecordEventWithFlag(start, nullptr, ACL_EVENT_RECORD_DEFAULT), ACL_SUCCESS);
+  launch_slow(nullptr, flag, 200000);
+  ASSERT_EQ(aclrtRecordEventWithFlag(ev, nullptr, ACL_EVENT_RECORD_DEFAULT), ACL_SUCCESS);
+  EXPECT_EQ(aclrtRecordEventWithFlag(ev, nullptr, 7), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtRecordEventWithFlag(ev, nullptr, ACL_EVENT_RECORD_EXTERNAL), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  aclrtEventStatus st = ACL_EVENT_STATUS_COMPLETE;
+  ASSERT_EQ(aclrtQueryEvent(ev, &st), ACL_SUCCESS);
+  EXPECT_EQ(st, ACL_EVENT_STATUS_NOT_READY);
+  ASSERT_EQ(aclrtSynchronizeEvent(ev), ACL_SUCCESS);
+  ASSERT_EQ(aclrtQueryEvent(ev, &st), ACL_SUCCESS);
+  EXPECT_EQ(st, ACL_EVENT_STATUS_COMPLETE);
+  ASSERT_EQ(aclrtQueryEventWaitStatus(ev, &ws), ACL_SUCCESS);
+  EXPECT_EQ(ws, ACL_EVENT_WAIT_STATUS_COMPLETE);
+  uint64_t t0 = 0, t1 = 0;
+  ASSERT_EQ(aclrtEventGetTimestamp(start, &t0), ACL_SUCCESS) << aclGetRecentErrMsg();
+  ASSERT_EQ(aclrtEventGetTimestamp(ev, &t1), ACL_SUCCESS);
+  EXPECT_GE(t1, t0 + 190000);  // microseconds: the 200 ms kernel ran between the two records
+  // A reset event is unrecorded again.
+  ASSERT_EQ(aclrtResetEvent(ev, nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtQueryEventWaitStatus(ev, &ws), ACL_SUCCESS);
+  EXPECT_EQ(ws, ACL_EVENT_WAIT_STATUS_NOT_READY);
+  uint32_t id1 = 0, id2 = 0, avail = 0, avail2 = 0;
+  ASSERT_EQ(aclrtGetEventId(ev, &id1), ACL_SUCCESS);
+  ASSERT_EQ(aclrtGetEventId(start, &id2), ACL_SUCCESS);
+  EXPECT_NE(id1, id2);
+  ASSERT_EQ(aclrtGetEventAvailNum(&avail), ACL_SUCCESS);
+  ASSERT_EQ(aclrtDestroyEvent(start), ACL_SUCCESS);
+  ASSERT_EQ(aclrtGetEventAvailNum(&avail2), ACL_SUCCESS);
+  EXPECT_EQ(avail2, avail + 1);
+  EXPECT_EQ(aclrtGetEventId(start, &id2), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtEventGetTimestamp(ev, nullptr), ACL_ERROR_INVALID_PARAM);
+  aclrtEvent plain = nullptr;
+  ASSERT_EQ(aclrtCreateEventWithFlag(&plain, ACL_EVENT_SYNC), ACL_SUCCESS);
+  EXPECT_EQ(aclrtEventGetTimestamp(plain, &ts), ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID);
+  EXPECT_EQ(aclrtDestroyEvent(plain), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyEvent(ev), ACL_SUCCESS);
+}
+
+#pragma GCC diagnostic pop
+
 class acl_event_two_devices : public acl_two_device_test {};
 CORA_ACL_SUITE(acl_event_two_devices);
 

@@ -1,4 +1,5 @@
 // The C API: streams.
+#include "support/acl_c_api.h"
 #include "support/acl_fixture.hpp"
 
 namespace cora::test {
@@ -63,6 +64,126 @@ TEST_P(acl_stream_test, CreateWithConfig) {
   launch_slow(s, flag, 1000);
   ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
   EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, CreateV2WithAConfigHandle) {
+  aclrtStreamConfigHandle* cfg = aclrtCreateStreamConfigHandle();
+  ASSERT_NE(cfg, nullptr);
+  uint32_t prio = 0;
+  size_t flag = ACL_STREAM_FAST_LAUNCH;
+  EXPECT_EQ(aclrtSetStreamConfigOpt(cfg, ACL_RT_STREAM_PRIORITY, &prio, sizeof(prio)), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSetStreamConfigOpt(cfg, ACL_RT_STREAM_FLAG, &flag, sizeof(flag)), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSetStreamConfigOpt(cfg, ACL_RT_STREAM_FLAG, &flag, 1), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(acl_c_set_stream_config_opt(cfg, 9, &flag, sizeof(flag)), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtSetStreamConfigOpt(nullptr, ACL_RT_STREAM_FLAG, &flag, sizeof(flag)), ACL_ERROR_INVALID_PARAM);
+  aclrtStream s = nullptr;
+  EXPECT_EQ(aclrtCreateStreamV2(&s, nullptr), ACL_ERROR_INVALID_PARAM);
+  ASSERT_EQ(aclrtCreateStreamV2(&s, cfg), ACL_SUCCESS);
+  uint32_t got = 99;
+  ASSERT_EQ(aclrtStreamGetPriority(s, &got), ACL_SUCCESS);
+  EXPECT_EQ(got, 0u);
+  ASSERT_EQ(aclrtStreamGetFlags(s, &got), ACL_SUCCESS);
+  EXPECT_EQ(got, ACL_STREAM_FAST_LAUNCH);
+  int32_t id = -1, id2 = -1;
+  ASSERT_EQ(aclrtStreamGetId(s, &id), ACL_SUCCESS);
+  aclrtStream s2 = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s2), ACL_SUCCESS);
+  ASSERT_EQ(aclrtStreamGetId(s2, &id2), ACL_SUCCESS);
+  EXPECT_NE(id, id2);
+  prio = 3;  // cora's streams have one priority
+  ASSERT_EQ(aclrtSetStreamConfigOpt(cfg, ACL_RT_STREAM_PRIORITY, &prio, sizeof(prio)), ACL_SUCCESS);
+  EXPECT_EQ(aclrtCreateStreamV2(&s2, cfg), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtDestroyStreamConfigHandle(cfg), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStreamConfigHandle(nullptr), ACL_ERROR_INVALID_PARAM);
+  int32_t least = -1, greatest = -1;
+  ASSERT_EQ(aclrtDeviceGetStreamPriorityRange(&least, &greatest), ACL_SUCCESS);
+  EXPECT_EQ(least, 0);
+  EXPECT_EQ(greatest, 0);
+  EXPECT_EQ(aclrtStreamGetPriority(s, nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtStreamGetFlags(s, &got), ACL_ERROR_RT_INVALID_HANDLE);
+}
+
+TEST_P(acl_stream_test, FailureModeAndAttributes) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_CONTINUE_ON_FAILURE), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSetStreamFailureMode(s, 7), ACL_ERROR_INVALID_PARAM);  // no such mode
+  EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_NE(std::string(aclGetRecentErrMsg()).find("STOP_ON_FAILURE"), std::string::npos);
+  int stale = 0;
+  EXPECT_EQ(aclrtSetStreamFailureMode(&stale, ACL_CONTINUE_ON_FAILURE), ACL_ERROR_RT_INVALID_HANDLE);
+  aclrtStreamAttrValue v{};
+  ASSERT_EQ(aclrtGetStreamAttribute(s, ACL_STREAM_ATTR_FAILURE_MODE, &v), ACL_SUCCESS);
+  EXPECT_EQ(v.failureMode, ACL_CONTINUE_ON_FAILURE);
+  v.failureMode = ACL_CONTINUE_ON_FAILURE;
+  EXPECT_EQ(aclrtSetStreamAttribute(s, ACL_STREAM_ATTR_FAILURE_MODE, &v), ACL_SUCCESS);
+  v.userCustomTag = 5;
+  EXPECT_EQ(aclrtSetStreamAttribute(s, ACL_STREAM_ATTR_USER_CUSTOM_TAG, &v), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtSetStreamAttribute(s, static_cast<aclrtStreamAttr>(7), &v), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtGetStreamAttribute(s, static_cast<aclrtStreamAttr>(0), &v), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtGetStreamAttribute(s, ACL_STREAM_ATTR_PRIORITY, nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+struct state_log {
+  std::mutex m;
+  std::vector<std::pair<aclrtStream, aclrtStreamState>> seen;
+};
+void on_stream_state(aclrtStream s, aclrtStreamState st, void* args) {
+  auto* log = static_cast<state_log*>(args);
+  std::lock_guard lock(log->m);
+  log->seen.emplace_back(s, st);
+}
+
+TEST_P(acl_stream_test, StateCallbacksAndAvailableCount) {
+  state_log log;
+  EXPECT_EQ(aclrtRegStreamStateCallback(nullptr, on_stream_state, &log), ACL_ERROR_INVALID_PARAM);
+  ASSERT_EQ(aclrtRegStreamStateCallback("test", on_stream_state, &log), ACL_SUCCESS);
+  uint32_t avail = 0, after = 0;
+  ASSERT_EQ(aclrtGetStreamAvailableNum(&avail), ACL_SUCCESS);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtGetStreamAvailableNum(&after), ACL_SUCCESS);
+  EXPECT_EQ(after + 1, avail);
+  ASSERT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtRegStreamStateCallback("test", nullptr, nullptr), ACL_SUCCESS);  // unregisters
+  aclrtStream s2 = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s2), ACL_SUCCESS);
+  ASSERT_EQ(aclrtDestroyStream(s2), ACL_SUCCESS);
+  ASSERT_EQ(log.seen.size(), 2u);
+  EXPECT_EQ(log.seen[0].first, s);
+  EXPECT_EQ(log.seen[0].second, ACL_RT_STREAM_STATE_CREATE_POST);
+  EXPECT_EQ(log.seen[1].second, ACL_RT_STREAM_STATE_DESTROY_PRE);
+  EXPECT_EQ(aclrtGetStreamAvailableNum(nullptr), ACL_ERROR_INVALID_PARAM);
+}
+
+TEST_P(acl_stream_test, ValueWriteAndWaitWithTimeout) {
+  void* d = dmalloc(8);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  auto flag = zeroed_flag();
+  launch_slow(s, flag, 20000);
+  ASSERT_EQ(aclrtValueWrite(d, 0x1122334455667788ull, 0, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtValueWrite(d, 1, 1, s), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtValueWrite(nullptr, 1, 0, s), ACL_ERROR_INVALID_PARAM);
+  aclrtEvent ev = nullptr;
+  ASSERT_EQ(aclrtCreateEvent(&ev), ACL_SUCCESS);
+  ASSERT_EQ(aclrtRecordEvent(ev, s), ACL_SUCCESS);
+  aclrtStream other = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&other), ACL_SUCCESS);
+  ASSERT_EQ(aclrtStreamWaitEventWithTimeout(other, ev, 10000), ACL_SUCCESS);
+  EXPECT_EQ(aclrtStreamWaitEventWithTimeout(other, ev, -2), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtStreamWaitEventWithFlag(other, ev, 0, ACL_EVENT_WAIT_EXTERNAL), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  uint64_t out = 0;
+  void* host = &out;
+  ASSERT_EQ(aclrtMemcpyAsync(host, 8, d, 8, ACL_MEMCPY_DEVICE_TO_HOST, other), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(other), ACL_SUCCESS);
+  EXPECT_EQ(out, 0x1122334455667788ull);  // written in order after the slow kernel, read after the event
+  EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);
+  EXPECT_EQ(aclrtDestroyEvent(ev), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(other), ACL_SUCCESS);
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 

@@ -1,122 +1,14 @@
-/* The CANN-compatible C API: base types and error codes (CANN's acl_base.h / acl_base_rt.h).
- * Names, types and values are CANN's, so host code written for CANN builds against cora. */
-#ifndef CORA_ACL_ACL_BASE_H_
-#define CORA_ACL_ACL_BASE_H_
+/* cora's CANN-compatible C API: base declarations (acl_base.h).
+ * The declarations, types, enum values and error codes are those of CANN's public header of the
+ * same name (CANN runtime 1.17), so that host code written for CANN builds unchanged. What each
+ * function does on cora (implemented, partial, or refused with ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+ * and a message from aclGetRecentErrMsg) is listed in docs/acl-compat.md. */
 
-#include <stddef.h>
-#include <stdint.h>
+#ifndef INC_EXTERNAL_ACL_ACL_BASE_H_
+#define INC_EXTERNAL_ACL_ACL_BASE_H_
 
+#include "acl_base_rt.h"
 #include "error_codes/rt_error_codes.h"
+#include "error_codes/ge_error_codes.h"
 
-#ifdef __cplusplus
-extern "C" {
 #endif
-
-#if defined(__GNUC__)
-#define ACL_FUNC_VISIBILITY __attribute__((visibility("default")))
-#else
-#define ACL_FUNC_VISIBILITY
-#endif
-
-#if defined(__GNUC__) && !defined(__cplusplus)
-#define ACL_ERRCODE_ATTR __attribute__((unused))
-#else
-#define ACL_ERRCODE_ATTR
-#endif
-
-typedef int aclError;
-
-typedef void* aclrtStream;
-typedef void* aclrtEvent;
-typedef void* aclrtContext;
-typedef void* aclrtBinary;
-typedef void* aclrtBinHandle;
-typedef void* aclrtFuncHandle;
-typedef void* aclrtArgsHandle;
-typedef void* aclrtParamHandle;
-
-typedef void (*aclrtCallback)(void* userData);
-typedef void (*aclrtHostFunc)(void* args);
-
-/* Error codes of the acl layer. */
-static const int ACL_SUCCESS ACL_ERRCODE_ATTR = 0;
-static const int ACL_ERROR_NONE ACL_ERRCODE_ATTR = 0;
-
-static const int ACL_ERROR_INVALID_PARAM ACL_ERRCODE_ATTR = 100000;
-static const int ACL_ERROR_UNINITIALIZE ACL_ERRCODE_ATTR = 100001;
-static const int ACL_ERROR_REPEAT_INITIALIZE ACL_ERRCODE_ATTR = 100002;
-static const int ACL_ERROR_INVALID_FILE ACL_ERRCODE_ATTR = 100003;
-static const int ACL_ERROR_WRITE_FILE ACL_ERRCODE_ATTR = 100004;
-static const int ACL_ERROR_INVALID_FILE_SIZE ACL_ERRCODE_ATTR = 100005;
-static const int ACL_ERROR_PARSE_FILE ACL_ERRCODE_ATTR = 100006;
-static const int ACL_ERROR_FILE_MISSING_ATTR ACL_ERRCODE_ATTR = 100007;
-static const int ACL_ERROR_FILE_ATTR_INVALID ACL_ERRCODE_ATTR = 100008;
-static const int ACL_ERROR_INVALID_DUMP_CONFIG ACL_ERRCODE_ATTR = 100009;
-static const int ACL_ERROR_INVALID_PROFILING_CONFIG ACL_ERRCODE_ATTR = 100010;
-static const int ACL_ERROR_INVALID_MODEL_ID ACL_ERRCODE_ATTR = 100011;
-static const int ACL_ERROR_DESERIALIZE_MODEL ACL_ERRCODE_ATTR = 100012;
-static const int ACL_ERROR_PARSE_MODEL ACL_ERRCODE_ATTR = 100013;
-static const int ACL_ERROR_READ_MODEL_FAILURE ACL_ERRCODE_ATTR = 100014;
-static const int ACL_ERROR_MODEL_SIZE_INVALID ACL_ERRCODE_ATTR = 100015;
-static const int ACL_ERROR_MODEL_MISSING_ATTR ACL_ERRCODE_ATTR = 100016;
-static const int ACL_ERROR_MODEL_INPUT_NOT_MATCH ACL_ERRCODE_ATTR = 100017;
-static const int ACL_ERROR_MODEL_OUTPUT_NOT_MATCH ACL_ERRCODE_ATTR = 100018;
-static const int ACL_ERROR_MODEL_NOT_DYNAMIC ACL_ERRCODE_ATTR = 100019;
-static const int ACL_ERROR_OP_TYPE_NOT_MATCH ACL_ERRCODE_ATTR = 100020;
-static const int ACL_ERROR_OP_INPUT_NOT_MATCH ACL_ERRCODE_ATTR = 100021;
-static const int ACL_ERROR_OP_OUTPUT_NOT_MATCH ACL_ERRCODE_ATTR = 100022;
-static const int ACL_ERROR_OP_ATTR_NOT_MATCH ACL_ERRCODE_ATTR = 100023;
-static const int ACL_ERROR_OP_NOT_FOUND ACL_ERRCODE_ATTR = 100024;
-static const int ACL_ERROR_OP_LOAD_FAILED ACL_ERRCODE_ATTR = 100025;
-static const int ACL_ERROR_UNSUPPORTED_DATA_TYPE ACL_ERRCODE_ATTR = 100026;
-static const int ACL_ERROR_FORMAT_NOT_MATCH ACL_ERRCODE_ATTR = 100027;
-static const int ACL_ERROR_BIN_SELECTOR_NOT_REGISTERED ACL_ERRCODE_ATTR = 100028;
-static const int ACL_ERROR_KERNEL_NOT_FOUND ACL_ERRCODE_ATTR = 100029;
-static const int ACL_ERROR_BIN_SELECTOR_ALREADY_REGISTERED ACL_ERRCODE_ATTR = 100030;
-static const int ACL_ERROR_KERNEL_ALREADY_REGISTERED ACL_ERRCODE_ATTR = 100031;
-static const int ACL_ERROR_INVALID_QUEUE_ID ACL_ERRCODE_ATTR = 100032;
-static const int ACL_ERROR_REPEAT_SUBSCRIBE ACL_ERRCODE_ATTR = 100033;
-static const int ACL_ERROR_STREAM_NOT_SUBSCRIBE ACL_ERRCODE_ATTR = 100034;
-static const int ACL_ERROR_THREAD_NOT_SUBSCRIBE ACL_ERRCODE_ATTR = 100035;
-static const int ACL_ERROR_WAIT_CALLBACK_TIMEOUT ACL_ERRCODE_ATTR = 100036;
-static const int ACL_ERROR_REPEAT_FINALIZE ACL_ERRCODE_ATTR = 100037;
-static const int ACL_ERROR_NOT_STATIC_AIPP ACL_ERRCODE_ATTR = 100038;
-static const int ACL_ERROR_COMPILING_STUB_MODE ACL_ERRCODE_ATTR = 100039;
-static const int ACL_ERROR_GROUP_NOT_SET ACL_ERRCODE_ATTR = 100040;
-static const int ACL_ERROR_GROUP_NOT_CREATE ACL_ERRCODE_ATTR = 100041;
-static const int ACL_ERROR_PROF_ALREADY_RUN ACL_ERRCODE_ATTR = 100042;
-static const int ACL_ERROR_PROF_NOT_RUN ACL_ERRCODE_ATTR = 100043;
-static const int ACL_ERROR_DUMP_ALREADY_RUN ACL_ERRCODE_ATTR = 100044;
-static const int ACL_ERROR_DUMP_NOT_RUN ACL_ERRCODE_ATTR = 100045;
-static const int ACL_ERROR_PROF_REPEAT_SUBSCRIBE ACL_ERRCODE_ATTR = 148046;
-static const int ACL_ERROR_PROF_API_CONFLICT ACL_ERRCODE_ATTR = 148047;
-static const int ACL_ERROR_INVALID_MAX_OPQUEUE_NUM_CONFIG ACL_ERRCODE_ATTR = 148048;
-static const int ACL_ERROR_INVALID_OPP_PATH ACL_ERRCODE_ATTR = 148049;
-static const int ACL_ERROR_OP_UNSUPPORTED_DYNAMIC ACL_ERRCODE_ATTR = 148050;
-static const int ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED ACL_ERRCODE_ATTR = 148051;
-static const int ACL_ERROR_UNSUPPORTED_JPEG ACL_ERRCODE_ATTR = 148052;
-static const int ACL_ERROR_INVALID_BUNDLE_MODEL_ID ACL_ERRCODE_ATTR = 148053;
-
-static const int ACL_ERROR_BAD_ALLOC ACL_ERRCODE_ATTR = 200000;
-static const int ACL_ERROR_API_NOT_SUPPORT ACL_ERRCODE_ATTR = 200001;
-static const int ACL_ERROR_INVALID_DEVICE ACL_ERRCODE_ATTR = 200002;
-static const int ACL_ERROR_MEMORY_ADDRESS_UNALIGNED ACL_ERRCODE_ATTR = 200003;
-static const int ACL_ERROR_RESOURCE_NOT_MATCH ACL_ERRCODE_ATTR = 200004;
-static const int ACL_ERROR_INVALID_RESOURCE_HANDLE ACL_ERRCODE_ATTR = 200005;
-static const int ACL_ERROR_FEATURE_UNSUPPORTED ACL_ERRCODE_ATTR = 200006;
-static const int ACL_ERROR_PROF_MODULES_UNSUPPORTED ACL_ERRCODE_ATTR = 200007;
-
-static const int ACL_ERROR_STORAGE_OVER_LIMIT ACL_ERRCODE_ATTR = 300000;
-
-static const int ACL_ERROR_INTERNAL_ERROR ACL_ERRCODE_ATTR = 500000;
-static const int ACL_ERROR_FAILURE ACL_ERRCODE_ATTR = 500001;
-static const int ACL_ERROR_GE_FAILURE ACL_ERRCODE_ATTR = 500002;
-static const int ACL_ERROR_RT_FAILURE ACL_ERRCODE_ATTR = 500003;
-static const int ACL_ERROR_DRV_FAILURE ACL_ERRCODE_ATTR = 500004;
-static const int ACL_ERROR_PROFILING_FAILURE ACL_ERRCODE_ATTR = 500005;
-
-#ifdef __cplusplus
-}
-#endif
-
-#endif /* CORA_ACL_ACL_BASE_H_ */

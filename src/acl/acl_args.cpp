@@ -70,6 +70,12 @@ aclError aclrtKernelArgsInitByUserMem(aclrtFuncHandle funcHandle, aclrtArgsHandl
       return fail(ACL_ERROR_INVALID_PARAM, api,
                   "argsHandle is the handle of aclrtKernelArgsInit, not memory for a handle");
     if (!a) a = std::make_shared<args_obj>();
+    // A user buffer belongs to one handle: one that wrote it before is retired (its memory was
+    // reused), and so is this handle's link to an older buffer.
+    if (a->user_mem && a->user_mem != userHostMem) st.user_mem_handles.erase(a->user_mem);
+    if (auto u = st.user_mem_handles.find(userHostMem); u != st.user_mem_handles.end() && u->second != argsHandle)
+      st.retire_user_args_locked(u->second);
+    st.user_mem_handles[userHostMem] = argsHandle;
     a->args.reset(fn->k);
     a->user_mem = userHostMem;
     a->user_size = actualArgsSize;

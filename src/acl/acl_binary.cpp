@@ -73,6 +73,7 @@ std::shared_ptr<function_obj> function_of(state& st, binary_obj& b, cora::kernel
     slot = std::make_shared<function_obj>();
     slot->k = std::move(k);
     slot->device = b.device;
+    slot->binary = &b;
   }
   st.functions.emplace(slot.get(), slot);
   return slot;
@@ -323,6 +324,167 @@ aclError cora_acl_register_symbol(const void* symbol, const void* binary, size_t
     r.libraries.push_back(std::make_unique<cora::kernel_library>(
         std::span<const std::byte>(static_cast<const std::byte*>(binary), size), std::vector<std::string>{kernelName}));
     cora::register_kernel_symbol(symbol, *r.libraries.back(), 0);
+    return ACL_SUCCESS;
+  });
+}
+
+}  // extern "C"
+
+// --- binaries in memory, function queries -------------------------------------------------------
+
+namespace {
+
+// aclrtCreateBinary: a copy of the caller's bytes, loaded by aclrtBinaryLoad.
+struct binary_blob {
+  static constexpr std::uint64_t magic_value = 0x424f4c4241524f43ull;  // "CORABLOB"
+  std::uint64_t magic = magic_value;
+  std::vector<std::byte> bytes;
+};
+std::mutex blobs_mutex;
+std::unordered_map<const void*, std::unique_ptr<binary_blob>>& blobs() {
+  static auto* m = new std::unordered_map<const void*, std::unique_ptr<binary_blob>>;
+  return *m;
+}
+
+aclError lookup_binary(const char* api, aclrtBinHandle h, std::shared_ptr<binary_obj>& out) {
+  auto& st = state::get();
+  std::lock_guard lock(st.mutex);
+  return lookup_locked(st, st.binaries, api, h, "binHandle", out);
+}
+
+}  // namespace
+
+extern "C" {
+
+aclrtBinary aclrtCreateBinary(const void* data, size_t dataLen) {
+  const char* const api = __func__;
+  try {
+    if (!data || dataLen == 0) {
+      (void)fail(ACL_ERROR_INVALID_PARAM, api, "data is NULL or dataLen is 0");
+      return nullptr;
+    }
+    auto b = std::make_unique<binary_blob>();
+    b->bytes.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + dataLen);
+    std::lock_guard lock(blobs_mutex);
+    void* h = b.get();
+    blobs().emplace(h, std::move(b));
+    return h;
+  } catch (...) {
+    (void)fail_current_exception(api);
+    return nullptr;
+  }
+}
+
+aclError aclrtDestroyBinary(aclrtBinary binary) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(binary, "binary is NULL");
+    std::lock_guard lock(blobs_mutex);
+    if (blobs().erase(binary) == 0)
+      return fail(ACL_ERROR_RT_INVALID_HANDLE, api, "binary is not a live aclrtCreateBinary handle");
+    return ACL_SUCCESS;
+  });
+}
+
+aclError aclrtBinaryLoad(const aclrtBinary binary, aclrtBinHandle* binHandle) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(binary, "binary is NULL");
+    CORA_ACL_REQUIRE(binHandle, "binHandle is NULL");
+    std::vector<std::byte> bytes;
+    {
+      std::lock_guard lock(blobs_mutex);
+      auto it = blobs().find(binary);
+      if (it == blobs().end())
+        return fail(ACL_ERROR_RT_INVALID_HANDLE, api, "binary is not a live aclrtCreateBinary handle");
+      bytes = it->second->bytes;
+    }
+    return aclrtBinaryLoadFromData(bytes.data(), bytes.size(), nullptr, binHandle);
+  });
+}
+
+aclError aclrtBinaryGetDevAddress(const aclrtBinHandle binHandle, void** binAddr, size_t* binSize) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(binAddr && binSize, "binAddr or binSize is NULL");
+    std::shared_ptr<binary_obj> b;
+    if (aclError e = lookup_binary(api, binHandle, b)) return e;
+    // A loaded binary is a shared object (CPU) or a driver module (GPU): no device copy of the
+    // image exists to point at.
+    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "a loaded binary has no device address on cora");
+  });
+}
+
+aclError aclrtBinaryGetGlobal(aclrtBinHandle binHandle, const char* name, void** dptr, size_t* size) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(name && dptr && size, "name, dptr or size is NULL");
+    std::shared_ptr<binary_obj> b;
+    if (aclError e = lookup_binary(api, binHandle, b)) return e;
+    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "device globals of a binary are not supported");
+  });
+}
+
+aclError aclrtBinarySetExceptionCallback(aclrtBinHandle binHandle, aclrtOpExceptionCallback callback, void* userData) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(callback, "callback is NULL");
+    std::shared_ptr<binary_obj> b;
+    if (aclError e = lookup_binary(api, binHandle, b)) return e;
+    // cora reports faults per stream, not per task, so it cannot tell which binary's kernel
+    // failed: a callback that would never be called is refused.
+    (void)userData;
+    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
+                "faults are reported per stream; a binary's exception callback would never run");
+  });
+}
+
+aclError aclrtFunctionGetBinary(const aclrtFuncHandle funcHandle, aclrtBinHandle* binHandle) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(binHandle, "binHandle is NULL");
+    std::shared_ptr<function_obj> fn;
+    if (aclError e = resolve_function(api, funcHandle, false, fn)) return e;
+    auto& st = state::get();
+    std::lock_guard lock(st.mutex);
+    if (!fn->binary || !st.binaries.count(fn->binary))
+      return fail(ACL_ERROR_RT_INVALID_HANDLE, api, "the function's binary was unloaded, or it has no binary handle");
+    *binHandle = const_cast<void*>(fn->binary);
+    return ACL_SUCCESS;
+  });
+}
+
+aclError aclrtGetFunctionAddr(aclrtFuncHandle funcHandle, void** aicAddr, void** aivAddr) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(aicAddr && aivAddr, "aicAddr or aivAddr is NULL");
+    std::shared_ptr<function_obj> fn;
+    if (aclError e = resolve_function(api, funcHandle, false, fn)) return e;
+    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "kernel entry addresses are not exposed by cora");
+  });
+}
+
+aclError aclrtGetFunctionAttribute(aclrtFuncHandle funcHandle, aclrtFuncAttribute attrType, int64_t* attrValue) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(attrValue, "attrValue is NULL");
+    const auto attr = enum_value(attrType);
+    CORA_ACL_REQUIRE(attr >= ACL_FUNC_ATTR_KERNEL_TYPE && attr <= ACL_FUNC_ATTR_KERNEL_SCHED_MODE,
+                     "attrType is not an aclrtFuncAttribute");
+    std::shared_ptr<function_obj> fn;
+    if (aclError e = resolve_function(api, funcHandle, false, fn)) return e;
+    switch (attr) {
+      case ACL_FUNC_ATTR_KERNEL_TYPE:
+        *attrValue = 0;  // CANN's AI Core kernel: every cora kernel runs on one kind of unit
+        break;
+      case ACL_FUNC_ATTR_KERNEL_RATIO: {
+        // Two 16-bit ratios, vector cores then cube cores, as CANN packs them: 0 and 1.
+        const std::uint16_t ratio[4] = {0, 1, 0, 0};
+        std::memcpy(attrValue, ratio, sizeof(ratio));
+        break;
+      }
+      default: *attrValue = 0; break;  // the normal scheduling mode
+    }
     return ACL_SUCCESS;
   });
 }

@@ -23,8 +23,30 @@ aclError aclrtLaunchHostFunc(aclrtStream stream, aclrtHostFunc fn, void* args) {
     CORA_ACL_REQUIRE(fn, "fn is NULL");
     std::shared_ptr<stream_obj> s;
     if (aclError e = resolve_stream(api, stream, s)) return e;
-    // Runs on a runtime thread once earlier work is done; later work waits for it.
-    auto p = s->s.host_func([fn, args] { fn(args); });
+    std::shared_ptr<report_queue> q;
+    {
+      auto& st = state::get();
+      std::lock_guard lock(st.mutex);
+      q = s->host_func_thread;
+    }
+    if (!q) {
+      // Runs on a runtime thread once earlier work is done; later work waits for it.
+      auto p = s->s.host_func([fn, args] { fn(args); });
+      return check_enqueued(api, p);
+    }
+    // A thread subscribed with aclrtSubscribeHostFunc runs it (aclrtProcessHostFunc); the
+    // stream waits until it has.
+    auto r = std::make_shared<report>();
+    r->fn = fn;
+    r->user_data = args;
+    r->block = true;
+    auto p = s->s.host_func([q, r] {
+      std::unique_lock lock(q->mutex);
+      if (q->closed) return;
+      q->reports.push_back(r);
+      q->cv.notify_all();
+      q->cv.wait(lock, [&] { return r->done || q->closed; });
+    });
     return check_enqueued(api, p);
   });
 }
@@ -132,6 +154,86 @@ aclError aclrtProcessReport(int32_t timeout) {
       q->cv.wait(lock, ready);
     else if (!q->cv.wait_for(lock, std::chrono::milliseconds(timeout), ready))
       return fail(ACL_ERROR_RT_REPORT_TIMEOUT, api, "no callback arrived within " + std::to_string(timeout) + " ms");
+    if (q->reports.empty()) return fail(ACL_ERROR_RT_THREAD_SUBSCRIBE, api, "the thread was unsubscribed");
+    while (!q->reports.empty()) {
+      auto r = std::move(q->reports.front());
+      q->reports.pop_front();
+      lock.unlock();
+      r->fn(r->user_data);
+      lock.lock();
+      r->done = true;
+      q->cv.notify_all();
+    }
+    return ACL_SUCCESS;
+  });
+}
+
+aclError aclrtSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    auto& st = state::get();
+    std::lock_guard lock(st.mutex);
+    std::shared_ptr<stream_obj> s;
+    if (aclError e = resolve_stream_locked(st, api, exeStream, s)) return e;
+    if (s->host_func_thread)
+      return fail(ACL_ERROR_RT_STREAM_SUBSCRIBE, api,
+                  "the stream's host functions are already run by thread " +
+                      std::to_string(s->host_func_thread->thread_id));
+    auto& q = st.host_func_threads[hostFuncThreadId];
+    if (!q) {
+      q = std::make_shared<report_queue>();
+      q->thread_id = hostFuncThreadId;
+    }
+    ++q->streams;
+    s->host_func_thread = q;
+    return ACL_SUCCESS;
+  });
+}
+
+aclError aclrtUnSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    auto& st = state::get();
+    std::shared_ptr<report_queue> closing;
+    {
+      std::lock_guard lock(st.mutex);
+      std::shared_ptr<stream_obj> s;
+      if (aclError e = resolve_stream_locked(st, api, exeStream, s)) return e;
+      if (!s->host_func_thread || s->host_func_thread->thread_id != hostFuncThreadId)
+        return fail(ACL_ERROR_RT_STREAM_SUBSCRIBE, api,
+                    "the stream's host functions are not run by thread " + std::to_string(hostFuncThreadId));
+      if (--s->host_func_thread->streams == 0) {
+        st.host_func_threads.erase(hostFuncThreadId);
+        closing = s->host_func_thread;
+      }
+      s->host_func_thread.reset();
+    }
+    if (closing) closing->close();  // a stream blocked on an undelivered function goes on
+    return ACL_SUCCESS;
+  });
+}
+
+aclError aclrtProcessHostFunc(int32_t timeout) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(timeout == -1 || timeout >= 0, "timeout must be -1 (forever) or >= 0 ms");
+    auto& st = state::get();
+    std::shared_ptr<report_queue> q;
+    {
+      std::lock_guard lock(st.mutex);
+      if (aclError e = require_init_locked(st, api)) return e;
+      auto it = st.host_func_threads.find(this_thread_id());
+      if (it != st.host_func_threads.end()) q = it->second;
+    }
+    if (!q)
+      return fail(ACL_ERROR_RT_THREAD_SUBSCRIBE, api, "this thread runs the host functions of no stream");
+    std::unique_lock lock(q->mutex);
+    const auto ready = [&] { return !q->reports.empty() || q->closed; };
+    if (timeout < 0)
+      q->cv.wait(lock, ready);
+    else if (!q->cv.wait_for(lock, std::chrono::milliseconds(timeout), ready))
+      return fail(ACL_ERROR_RT_REPORT_TIMEOUT, api,
+                  "no host function arrived within " + std::to_string(timeout) + " ms");
     if (q->reports.empty()) return fail(ACL_ERROR_RT_THREAD_SUBSCRIBE, api, "the thread was unsubscribed");
     while (!q->reports.empty()) {
       auto r = std::move(q->reports.front());

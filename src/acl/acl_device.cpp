@@ -44,8 +44,11 @@ aclError aclFinalize(void) {
       for (std::size_t i = 0; i < st.devices.size(); ++i) st.release_device_locked(i, td);
       for (auto& [h, a] : st.args) td.args.push_back(std::move(a));
       st.args.clear();
+      st.user_mem_handles.clear();
       for (auto& [id, q] : st.reporters) td.reporters.push_back(std::move(q));
       st.reporters.clear();
+      for (auto& [id, q] : st.host_func_threads) td.reporters.push_back(std::move(q));
+      st.host_func_threads.clear();
       st.devices.clear();
       td.runtime = std::move(st.runtime);
       st.init_count = 0;
@@ -62,14 +65,18 @@ aclError aclrtSetDevice(int32_t deviceId) {
   const char* const api = __func__;
   return guarded(api, [&]() -> aclError {
     auto& st = state::get();
-    std::lock_guard lock(st.mutex);
-    if (aclError e = require_init_locked(st, api)) return e;
-    if (deviceId < 0 || static_cast<std::size_t>(deviceId) >= st.devices.size())
-      return fail(ACL_ERROR_RT_INVALID_DEVICEID, api,
-                  "device " + std::to_string(deviceId) + " does not exist (" +
-                      std::to_string(st.devices.size()) + " devices)");
-    ++st.devices[static_cast<std::size_t>(deviceId)].refcount;
-    bind_thread_locked(st, static_cast<std::size_t>(deviceId));
+    {
+      std::lock_guard lock(st.mutex);
+      if (aclError e = check_device_locked(st, api, deviceId)) return e;
+    }
+    device_state_changed(deviceId, ACL_RT_DEVICE_STATE_SET_PRE);
+    {
+      std::lock_guard lock(st.mutex);
+      if (aclError e = check_device_locked(st, api, deviceId)) return e;  // a finalize meanwhile
+      ++st.devices[static_cast<std::size_t>(deviceId)].refcount;
+      bind_thread_locked(st, static_cast<std::size_t>(deviceId));
+    }
+    device_state_changed(deviceId, ACL_RT_DEVICE_STATE_SET_POST);
     return ACL_SUCCESS;
   });
 }
@@ -93,9 +100,17 @@ aclError reset_device(const char* api, int32_t deviceId, bool force) {
       return fail(ACL_ERROR_RT_CONTEXT_NULL, api,
                   "device " + std::to_string(deviceId) + " is not set (or was already reset)");
     if (!force && --slot.refcount > 0) return ACL_SUCCESS;
+  }
+  device_state_changed(deviceId, ACL_RT_DEVICE_STATE_RESET_PRE);
+  {
+    std::lock_guard lock(st.mutex);
+    if (aclError e = check_device_locked(st, api, deviceId)) return e;
+    // Set again by another thread meanwhile: that reference keeps it.
+    if (!force && st.devices[static_cast<std::size_t>(deviceId)].refcount > 0) return ACL_SUCCESS;
     st.release_device_locked(static_cast<std::size_t>(deviceId), td);
   }
   td.run();  // waits for the device's streams, outside the lock
+  device_state_changed(deviceId, ACL_RT_DEVICE_STATE_RESET_POST);
   return ACL_SUCCESS;
 }
 

@@ -1,4 +1,5 @@
 // The five launch calls and aclrtLaunchKernelCfg.
+#include <cstring>
 #include <span>
 
 #include "acl/acl_state.hpp"
@@ -132,6 +133,14 @@ aclError aclrtLaunchKernelWithConfig(aclrtFuncHandle funcHandle, uint32_t numBlo
     std::shared_ptr<args_obj> a;
     if (aclError e = resolve_args(api, argsHandle, a)) return e;
     auto p = t.stream->s.launch(t.fn->k, t.cfg, a->args);
+    if (a->user_mem) {
+      // A list in user memory is consumed by its launch (the launch holds a copy of its block):
+      // its entry goes now, or one would be kept per handle address until aclFinalize.
+      auto& st = state::get();
+      std::lock_guard lock(st.mutex);
+      st.retire_user_args_locked(argsHandle);
+      std::memset(argsHandle, 0, sizeof(user_args_header));
+    }
     return check_enqueued(api, p);
   });
 }

@@ -7,6 +7,7 @@
 #include <acl/acl.h>
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,15 @@
 
 #include <cora/cora.hpp>
 
+/// What an exception-info callback receives (CANN's opaque aclrtExceptionInfo).
+struct rtExceptionInfo {
+  std::uint32_t task_id = 0;
+  std::uint32_t stream_id = 0;
+  std::uint32_t thread_id = 0;
+  std::uint32_t device_id = 0;
+  std::uint32_t error_code = 0;
+};
+
 namespace cora::acl {
 
 // --- errors ------------------------------------------------------------------------------------
@@ -32,6 +42,22 @@ namespace cora::acl {
 aclError fail(aclError code, const char* api, const std::string& message);
 /// This thread's recent error message (aclGetRecentErrMsg), or null.
 const char* recent_error_message() noexcept;
+/// This thread's last error code (aclrtPeekAtLastError); `clear` resets it (aclrtGetLastError).
+aclError last_error(bool clear) noexcept;
+/// Counts a task enqueued by this thread (aclrtGetThreadLastTaskId) and returns its id.
+std::uint32_t count_task() noexcept;
+std::uint32_t last_task() noexcept;
+/// Tells the exception-info callbacks (and aclrtGetErrorVerbose) of a failed task.
+void report_task_failure(aclError code, std::size_t device, std::int32_t stream_id) noexcept;
+/// Tells the aclrtRegDeviceStateCallback callbacks of a device set or reset.
+void device_state_changed(std::int32_t device, aclrtDeviceState state) noexcept;
+/// The stream being synchronized by this thread, for the task failures it reports.
+struct synchronizing {
+  synchronizing(std::size_t device, std::int32_t stream_id) noexcept;
+  ~synchronizing();
+  synchronizing(const synchronizing&) = delete;
+  synchronizing& operator=(const synchronizing&) = delete;
+};
 /// CANN's code for a core error (table in docs/acl-compat.md).
 aclError to_acl(std::error_code ec) noexcept;
 /// fail() with the code of a core error and its detail message.
@@ -67,6 +93,9 @@ std::int64_t enum_value(const E& e) noexcept {
     if (!(cond)) return ::cora::acl::fail(ACL_ERROR_INVALID_PARAM, api, what);  \
   } while (0)
 
+/// ACL_ERROR_INVALID_PARAM unless `policy` is an aclrtMemMallocPolicy (page policy and flags).
+aclError check_policy(const char* api, std::int64_t policy);
+
 // --- objects behind the handles -----------------------------------------------------------------
 
 struct report_queue;
@@ -74,18 +103,36 @@ struct report_queue;
 struct stream_obj {
   cora::stream s;
   std::size_t device = 0;
+  const void* context = nullptr;  // the aclrtContext it was created in (null: a device's own)
+  std::int32_t id = 0;            // aclrtStreamGetId
+  std::uint32_t priority = 0;
+  std::uint32_t flags = 0;
+  std::atomic<std::uint64_t> failure_mode{0};  // ACL_CONTINUE_ON_FAILURE; set from any thread
   std::shared_ptr<report_queue> subscriber;  // aclrtSubscribeReport; guarded by the state mutex
+  std::shared_ptr<report_queue> host_func_thread;  // aclrtSubscribeHostFunc; likewise
+};
+
+/// An aclrtContext: a device and its default stream. Each device's primary context stands for
+/// the device set by aclrtSetDevice; others come from aclrtCreateContext.
+struct context_obj {
+  std::size_t device = 0;
+  bool primary = false;
+  std::shared_ptr<stream_obj> default_stream;  // made on first use; guarded by the state mutex
+  std::unordered_map<std::int64_t, std::int64_t> sys_params;  // aclrtCtxSetSysParamOpt
 };
 
 struct event_obj {
   cora::event ev;
   std::size_t device = 0;
   std::uint32_t flags = 0;
+  std::uint32_t id = 0;   // aclrtGetEventId
+  bool recorded = false;  // guarded by the state mutex
 };
 
 struct function_obj {
   cora::kernel k;
   std::size_t device = 0;
+  const void* binary = nullptr;  // its aclrtBinHandle (null for a registered symbol's)
 };
 
 struct binary_obj {
@@ -93,6 +140,8 @@ struct binary_obj {
   std::size_t device = 0;
   // One handle per kernel, so repeated lookups give the same handle; guarded by the state mutex.
   std::unordered_map<std::string, std::shared_ptr<function_obj>> functions;
+  aclrtOpExceptionCallback exception_callback = nullptr;  // aclrtBinarySetExceptionCallback
+  void* exception_user_data = nullptr;
 };
 
 /// An argument list (aclrtArgsHandle): the core's kernel_args plus the parameter handles.
@@ -144,6 +193,7 @@ struct device_slot {
   int refcount = 0;              // aclrtSetDevice minus aclrtResetDevice, over all threads
   std::uint64_t generation = 0;  // bumped when the device's resources are released
   std::shared_ptr<stream_obj> default_stream;  // the NULL stream
+  std::shared_ptr<context_obj> primary;        // the default context, while the device is set
   std::shared_ptr<stream_obj> sync_stream;     // carries aclrtMemcpy / aclrtMemset
   // Mixed mode: function handles of kernel launcher symbols used on this device.
   std::unordered_map<const void*, std::shared_ptr<function_obj>> symbol_functions;
@@ -158,6 +208,7 @@ struct teardown {
   std::vector<std::shared_ptr<function_obj>> functions;
   std::vector<std::shared_ptr<report_queue>> reporters;
   std::vector<std::shared_ptr<args_obj>> args;
+  std::vector<std::shared_ptr<context_obj>> contexts;
   std::shared_ptr<cora::runtime> runtime;
   bool wait_streams = true;
 
@@ -180,17 +231,30 @@ class state {
   std::unordered_map<const void*, std::shared_ptr<binary_obj>> binaries;
   std::unordered_map<const void*, std::shared_ptr<function_obj>> functions;
   std::unordered_map<const void*, std::shared_ptr<args_obj>> args;
+  // aclrtKernelArgsInitByUserMem: the handle whose finalized block goes to each user buffer, so
+  // that a buffer taken over by another handle retires the older one.
+  std::unordered_map<const void*, const void*> user_mem_handles;
+
+  /// Forgets the argument list in user memory `handle` (issue 18, item 10: entries were kept
+  /// until aclFinalize).
+  void retire_user_args_locked(const void* handle);
   std::unordered_map<std::uint64_t, std::shared_ptr<report_queue>> reporters;
+  std::unordered_map<std::uint64_t, std::shared_ptr<report_queue>> host_func_threads;
+  std::unordered_map<const void*, std::shared_ptr<context_obj>> contexts;
+  std::unordered_map<std::int64_t, std::int64_t> sys_params;  // aclrtSetSysParamOpt
+  std::int32_t next_stream_id = 1;
+  std::uint32_t next_event_id = 1;
 
   /// Moves every object of device `index` into `out` and voids the device's bindings.
   void release_device_locked(std::size_t index, teardown& out);
 };
 
-/// The calling thread's device.
+/// The calling thread's device and context.
 struct context {
   std::shared_ptr<cora::runtime> runtime;
   std::size_t index = 0;
   cora::device* device = nullptr;
+  std::shared_ptr<context_obj> ctx;
 };
 
 /// Fails with ACL_ERROR_UNINITIALIZE before aclInit.
@@ -200,8 +264,20 @@ aclError initialized_runtime(const char* api, std::shared_ptr<cora::runtime>& ou
 /// The calling thread's device: ACL_ERROR_UNINITIALIZE, ACL_ERROR_RT_CONTEXT_NULL without one.
 aclError current_locked(state& st, const char* api, context& out);
 aclError current(const char* api, context& out);
-/// Binds the calling thread to device `index` (aclrtSetDevice).
+/// The calling thread's device, if it has one; records no error.
+bool peek_current_device_locked(state& st, std::size_t& index);
+/// Binds the calling thread to device `index` (aclrtSetDevice): its primary context.
 void bind_thread_locked(state& st, std::size_t index);
+/// Binds the calling thread to a context made by aclrtCreateContext.
+void bind_thread_locked(state& st, const std::shared_ptr<context_obj>& ctx);
+/// The primary context of a device that is set (made on first use).
+const std::shared_ptr<context_obj>& primary_context_locked(state& st, std::size_t index);
+/// The default stream of a context (made on first use).
+const std::shared_ptr<stream_obj>& context_stream_locked(state& st, context_obj& ctx, cora::device& dev);
+/// A new stream of the calling thread's context.
+std::shared_ptr<stream_obj> new_stream_locked(state& st, const context& ctx, const cora::stream_options& o = {});
+/// Fails with ACL_ERROR_RT_INVALID_DEVICEID unless `deviceId` names a device.
+aclError check_device_locked(state& st, const char* api, std::int64_t deviceId);
 
 /// The stream behind a handle; NULL is the current device's default stream.
 aclError resolve_stream_locked(state& st, const char* api, aclrtStream handle,

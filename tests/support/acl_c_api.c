@@ -29,3 +29,20 @@ void acl_c_set_attr_id(aclrtLaunchKernelAttr* attr, int id) { attr->id = (aclrtL
 void acl_c_set_engine_type(aclrtLaunchKernelAttr* attr, int engine) {
   attr->value.engineType = (aclrtEngineType)engine;
 }
+
+void acl_c_set_location_type(aclrtMemLocation* loc, int type) { loc->type = (aclrtMemLocationType)type; }
+
+aclError acl_c_set_stream_config_opt(aclrtStreamConfigHandle* handle, int attr, const void* value, size_t size) {
+  return aclrtSetStreamConfigOpt(handle, (aclrtStreamConfigAttr)attr, value, size);
+}
+
+aclError acl_c_set_sys_param_opt(int opt, int64_t value) { return aclrtSetSysParamOpt((aclSysParamOpt)opt, value); }
+
+aclError acl_c_memcpy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                        int kind) {
+  return aclrtMemcpy2d(dst, dpitch, src, spitch, width, height, (aclrtMemcpyKind)kind);
+}
+
+aclError acl_c_get_device_res_limit(int32_t deviceId, int type, uint32_t* value) {
+  return aclrtGetDeviceResLimit(deviceId, (aclrtDevResLimitType)type, value);
+}

@@ -128,6 +128,23 @@ CORA_KERNEL(many_params)(std::uint8_t a0, std::uint8_t a1, std::uint8_t a2, std:
   out[0] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11 + a12 + a13 + a14 + a15 + a16 + a17 + a18 + a19 + a20 + a21 + a22 + a23 + a24 + a25 + a26 + a27 + a28 + a29 + a30 + a31 + a32 + a33 + a34 + a35 + a36 + a37 + a38 + a39 + a40 + a41 + a42 + a43 + a44 + a45 + a46 + a47 + a48 + a49 + a50 + a51 + a52 + a53 + a54 + a55 + a56 + a57 + a58 + a59 + a60 + a61 + a62 + a63 + a64 + a65 + a66 + a67 + a68 + a69 + a70 + a71 + a72 + a73 + a74 + a75 + a76 + a77 + a78 + a79 + a80 + a81 + a82 + a83 + a84 + a85 + a86 + a87 + a88 + a89 + a90 + a91 + a92 + a93 + a94 + a95 + a96 + a97 + a98 + a99 + a100 + a101 + a102 + a103 + a104 + a105 + a106 + a107 + a108 + a109 + a110 + a111 + a112 + a113 + a114 + a115 + a116 + a117 + a118 + a119 + a120 + a121 + a122 + a123 + a124 + a125 + a126;
 }
 
+// Flags shared with the host while a kernel runs: volatile accesses on the GPU (mapped pinned
+// memory), atomic ones on the CPU device (the host thread reads them concurrently).
+CORA_DEVICE std::uint32_t load_flag(const std::uint32_t* p) {
+#if defined(__CUDACC__)
+  return *static_cast<const volatile std::uint32_t*>(p);
+#else
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+CORA_DEVICE void store_flag(std::uint32_t* p, std::uint32_t v) {
+#if defined(__CUDACC__)
+  *static_cast<volatile std::uint32_t*>(p) = v;
+#else
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+#endif
+}
+
 // Spins until the host sets go[0] (pinned, mapped memory) or `limit_us` microseconds pass, then
 // writes done[0]: 1 when released, 2 on timeout. The deterministic form of "does this call
 // wait for the device?": make the call while the kernel spins, then read done (still 0 means
@@ -137,13 +154,13 @@ CORA_KERNEL(spin_until_set)(const std::uint32_t* go, std::uint32_t* done, std::u
   const std::uint64_t end = cora::clock_ns() + limit_us * 1000;
   std::uint32_t result = 2;
   while (cora::clock_ns() < end) {
-    if (*static_cast<const volatile std::uint32_t*>(go) != 0) {
+    if (load_flag(go) != 0) {
       result = 1;
       break;
     }
     cora::checkpoint();
   }
-  *static_cast<volatile std::uint32_t*>(done) = result;
+  store_flag(done, result);
 }
 
 // Waits like spin_until_set, then writes `pattern` into out[0..n): a kernel whose late writes
@@ -152,8 +169,7 @@ CORA_KERNEL(spin_then_fill)(const std::uint32_t* go, std::uint32_t* out, std::ui
                             std::uint32_t pattern, std::uint64_t limit_us) {
   if (cora::global_idx() == 0) {
     const std::uint64_t end = cora::clock_ns() + limit_us * 1000;
-    while (cora::clock_ns() < end && *static_cast<const volatile std::uint32_t*>(go) == 0)
-      cora::checkpoint();
+    while (cora::clock_ns() < end && load_flag(go) == 0) cora::checkpoint();
   }
   // One block: no other block may start writing before the wait ended.
   cora::sync_block();

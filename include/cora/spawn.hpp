@@ -80,8 +80,13 @@ detached_frame run_detached(task<T> t, Done done) {
 /// Starts `t` on `ex` (posted, never inline); `done` gets (exception_ptr[, optional<T>]).
 /// The frame tree is owned: if `ex`'s context is destroyed before the task ends, the task's
 /// frames are destroyed with it. Returns the owner, whose signal cancels the task.
-template <class T, class Done>
-intrusive_ptr<spawn_owner> start_detached(const asio::any_io_executor& ex, task<T> t, Done done) {
+/// `before_start(owner)` runs before the task can start (spawn connects its cancellation there).
+struct no_hook {
+  void operator()(spawn_owner&) const noexcept {}
+};
+template <class T, class Done, class Hook = no_hook>
+intrusive_ptr<spawn_owner> start_detached(const asio::any_io_executor& ex, task<T> t, Done done,
+                                          Hook before_start = {}) {
   detached_frame f = run_detached(std::move(t), std::move(done));
   auto owner = make_intrusive<spawn_owner>();
   owner->set_root(f.handle);
@@ -89,6 +94,7 @@ intrusive_ptr<spawn_owner> start_detached(const asio::any_io_executor& ex, task<
   p.executor_ = ex;
   p.owner_ = owner;
   p.slot_ = owner->signal.slot();
+  before_start(*owner);
   asio::post(ex, resume_op(f.handle, owner));
   return owner;
 }
@@ -126,14 +132,14 @@ struct initiate_spawn {
     auto work = asio::make_work_guard(handler, ex);
     using H = std::decay_t<Handler>;
     auto h = std::make_shared<H>(std::forward<Handler>(handler));
-    auto owner = start_detached(ex, std::move(t),
+    start_detached(ex, std::move(t),
                    [h, work = std::move(work)](std::exception_ptr e) mutable {
                      disconnect_cancellation(*h);
                      auto hex = work.get_executor();
                      asio::dispatch(hex, [h = std::move(*h), e]() mutable { std::move(h)(e); });
                      work.reset();
-                   });
-    connect_cancellation(*h, *owner);
+                   },
+                   [h](spawn_owner& owner) { connect_cancellation(*h, owner); });
   }
 
   template <class Handler, class T>
@@ -141,7 +147,7 @@ struct initiate_spawn {
     auto work = asio::make_work_guard(handler, ex);
     using H = std::decay_t<Handler>;
     auto h = std::make_shared<H>(std::forward<Handler>(handler));
-    auto owner = start_detached(ex, std::move(t),
+    start_detached(ex, std::move(t),
                    [h, work = std::move(work)](std::exception_ptr e, std::optional<T> v) mutable {
                      disconnect_cancellation(*h);
                      auto hex = work.get_executor();
@@ -152,8 +158,8 @@ struct initiate_spawn {
                          std::move(h)(e, T{});
                      });
                      work.reset();
-                   });
-    connect_cancellation(*h, *owner);
+                   },
+                   [h](spawn_owner& owner) { connect_cancellation(*h, owner); });
   }
 };
 

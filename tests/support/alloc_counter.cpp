@@ -1,17 +1,31 @@
 // Replaces the global operator new/delete with counting ones. In a file of its own, so the
-// compiler never sees a replaced new paired with a library delete inline.
+// compiler never sees a replaced new paired with a library delete inline. ThreadSanitizer's
+// runtime defines them itself (a second definition does not link): there nothing is counted.
 #include "support/alloc_counter.hpp"
 
 #include <atomic>
 #include <cstdlib>
 #include <new>
 
+#if defined(__SANITIZE_THREAD__)
+#define CORA_COUNT_HEAP 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CORA_COUNT_HEAP 0
+#endif
+#endif
+#ifndef CORA_COUNT_HEAP
+#define CORA_COUNT_HEAP 1
+#endif
+
 namespace {
 std::atomic<std::uint64_t> count{0};
 }
 
 std::uint64_t cora::test::heap_allocations() noexcept { return count.load(std::memory_order_relaxed); }
+bool cora::test::heap_counting() noexcept { return CORA_COUNT_HEAP != 0; }
 
+#if CORA_COUNT_HEAP
 void* operator new(std::size_t n) {
   count.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n ? n : 1)) return p;
@@ -22,3 +36,4 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#endif

@@ -105,12 +105,12 @@ struct cora_run {
 // The work's ops on `s` (eager, or captured); returns the last op's pending.
 cora::pending<void> issue(cora_run& r, cora_client& c, cora::stream& s) {
   if (r.w.chain) {
-    for (int i = 0; i + 1 < r.w.chain; ++i) s.launch(r.empty, {});
+    for (int i = 0; i + 1 < r.w.chain; ++i) (void)s.launch(r.empty, {});
     return s.launch(r.empty, {});
   }
   float* din = c.dev_in.data();
-  s.copy(din, c.host_in.data(), in_bytes);
-  s.launch(r.add, r.add_cfg, din, din + elements, c.dev_out.data(), std::uint64_t{elements});
+  (void)s.copy(din, c.host_in.data(), in_bytes);
+  (void)s.launch(r.add, r.add_cfg, din, din + elements, c.dev_out.data(), std::uint64_t{elements});
   return s.copy(c.host_out.data(), c.dev_out.data(), out_bytes);
 }
 

@@ -127,7 +127,7 @@ void cora_call(benchmark::State& state, std::size_t index, const std::string& wh
              auto h = d.alloc_host<std::byte>(4096);
              auto dv = d.alloc<std::byte>(4096);
              std::memset(h.data(), 1, 4096);
-             other.copy(dv, h);
+             (void)other.copy(dv, h);
              other.copy(h, dv).wait();
            },
            nothing);

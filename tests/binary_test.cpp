@@ -307,7 +307,7 @@ TEST_P(binary_test, SixteenThreadsLookUpOneKernelAtOnce) {
     auto x = dev().alloc<float>(n), z = dev().alloc<float>(n);
     std::vector<float> hx(n, 1.5f), hz(n);
     s.copy(x.data(), hx.data(), n * 4).wait();
-    for (int i = 0; i < threads; ++i) s.launch(got[i], {.grid = 4}, x.data(), x.data(), z.data(), std::uint64_t{n});
+    for (int i = 0; i < threads; ++i) (void)s.launch(got[i], {.grid = 4}, x.data(), x.data(), z.data(), std::uint64_t{n});
     s.copy(hz.data(), z.data(), n * 4).wait();
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hz[i], 3.0f) << i;
   }

@@ -250,7 +250,7 @@ TEST_F(cuda_backend_test, ForeignDeviceAndManagedMemoryAreAccepted) {
   std::uint32_t value = 0x0f0f0001u;
   for (CUdeviceptr p : {plain, managed}) {
     auto* ptr = reinterpret_cast<std::uint32_t*>(p);
-    s.launch(fill, {.grid = 8, .block = 128}, ptr, value, std::uint64_t{n});
+    (void)s.launch(fill, {.grid = 8, .block = 128}, ptr, value, std::uint64_t{n});
     s.copy(h.data(), ptr, n * 4).wait();
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(h[i], value) << i;
     // The driver reports a cuMemAlloc allocation's bounds: a range past its end is refused.
@@ -293,8 +293,8 @@ TEST_F(cuda_backend_test, AdoptedStreamOrdersCoraWorkWithForeignWork) {
     EXPECT_EQ(s.native_handle(), native);
     // A slow kernel first, so the foreign copy would see stale data without the ordering.
     auto flag = dev().alloc<std::uint32_t>(1);
-    s.launch(test_kernels().kernel("slow"), {}, std::uint64_t{20000}, flag);
-    s.launch(cuda_kernels().kernel("fill_u32"), {.grid = 64, .block = 256}, d, 0xabcd0123u, std::uint64_t{n});
+    (void)s.launch(test_kernels().kernel("slow"), {}, std::uint64_t{20000}, flag);
+    (void)s.launch(cuda_kernels().kernel("fill_u32"), {.grid = 64, .block = 256}, d, 0xabcd0123u, std::uint64_t{n});
     ASSERT_EQ(api->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(out.data()),
                                  reinterpret_cast<CUdeviceptr>(d.data()), n * 4, native),
               CUDA_SUCCESS);

@@ -43,11 +43,11 @@ class graph_test : public device_test {
   }
   // The pipeline's ops, on `s` (eager or capturing).
   void enqueue(stream& s, pipeline& p) {
-    s.copy(p.x, p.hx);
-    s.copy(p.y, p.hy);
-    s.fill(p.z, 0x5a);
-    s.launch(kernels().kernel("add_f32"), {.grid = 6}, p.x, p.y, p.z, std::uint64_t{n});
-    s.copy(p.hz, p.z);
+    (void)s.copy(p.x, p.hx);
+    (void)s.copy(p.y, p.hy);
+    (void)s.fill(p.z, 0x5a);
+    (void)s.launch(kernels().kernel("add_f32"), {.grid = 6}, p.x, p.y, p.z, std::uint64_t{n});
+    (void)s.copy(p.hz, p.z);
   }
   static bool same_bits(const host_buffer<float>& a, const host_buffer<float>& b) {
     return std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
@@ -127,15 +127,15 @@ TEST_P(graph_test, TilingKernelMatchesTheEagerRun) {
   ht[1] = 8;
   auto s = dev().make_stream();
   const launch_config cfg{.grid = 8};
-  s.copy(x, hx);
-  s.copy(y, hy);
-  s.copy(tiling, ht);
-  s.launch(k, cfg, x, y, z1, tiling.data(), tiling.data() + 1);
+  (void)s.copy(x, hx);
+  (void)s.copy(y, hy);
+  (void)s.copy(tiling, ht);
+  (void)s.launch(k, cfg, x, y, z1, tiling.data(), tiling.data() + 1);
   s.copy(h1, z1).wait();
 
   graph g = s.capture([&](stream& cs) {
-               cs.launch(k, cfg, x, y, z2, tiling.data(), tiling.data() + 1);
-               cs.copy(h2, z2);
+               (void)cs.launch(k, cfg, x, y, z2, tiling.data(), tiling.data() + 1);
+               (void)cs.copy(h2, z2);
              }).wait();
   g.instantiate().launch(s).wait();
   EXPECT_EQ(std::memcmp(h1.data(), h2.data(), h1.size_bytes()), 0);
@@ -149,9 +149,9 @@ TEST_P(graph_test, ReplaysWithNewArgumentsEveryTime) {
   auto in = dev().alloc_host<float>(m), out = dev().alloc_host<float>(m);
   auto scale = kernels().kernel("scale_7");
   graph g = s.capture([&](stream& cs) {
-               cs.copy(x, in);
-               cs.launch(scale, {.grid = 2}, x, 1.0f, std::uint64_t{m});
-               cs.copy(out, x);
+               (void)cs.copy(x, in);
+               (void)cs.launch(scale, {.grid = 2}, x, 1.0f, std::uint64_t{m});
+               (void)cs.copy(out, x);
              }).wait();
   const graph_node launch_node = g.node(1);
   graph_exec exec = g.instantiate();
@@ -173,9 +173,9 @@ TEST_P(graph_test, ArgumentChangesRacingLaunchesAreSeenWhole) {
   auto in = dev().alloc_host<float>(m), out = dev().alloc_host<float>(m);
   for (std::size_t i = 0; i < m; ++i) in[i] = static_cast<float>(i + 1);
   graph g = s.capture([&](stream& cs) {
-               cs.copy(x, in);
-               cs.launch(kernels().kernel("scale_7"), {.grid = 2}, x, 2.0f, std::uint64_t{m});
-               cs.copy(out, x);
+               (void)cs.copy(x, in);
+               (void)cs.launch(kernels().kernel("scale_7"), {.grid = 2}, x, 2.0f, std::uint64_t{m});
+               (void)cs.copy(out, x);
              }).wait();
   graph_exec exec = g.instantiate();
   std::atomic<bool> stop{false};
@@ -280,17 +280,17 @@ TEST_P(graph_test, ForksAndJoinsAcrossTwoStreams) {
   auto scale = kernels().kernel("scale_7");
   event forked = dev().make_event(), joined = dev().make_event();
   s1.begin_capture();
-  s1.copy(p.x, p.hx);
-  s1.copy(p.y, p.hy);
-  s1.record(forked);
-  s2.wait(forked);  // s2 joins the capture
+  (void)s1.copy(p.x, p.hx);
+  (void)s1.copy(p.y, p.hy);
+  (void)s1.record(forked);
+  (void)s2.wait(forked);  // s2 joins the capture
   EXPECT_TRUE(s2.capturing());
-  s2.launch(scale, {.grid = 3}, p.y, 2.0f, std::uint64_t{n});
-  s2.record(joined);
-  s1.launch(scale, {.grid = 3}, p.x, 3.0f, std::uint64_t{n});
-  s1.wait(joined);  // joined back
-  s1.launch(kernels().kernel("add_f32"), {.grid = 4}, p.x, p.y, p.z, std::uint64_t{n});
-  s1.copy(p.hz, p.z);
+  (void)s2.launch(scale, {.grid = 3}, p.y, 2.0f, std::uint64_t{n});
+  (void)s2.record(joined);
+  (void)s1.launch(scale, {.grid = 3}, p.x, 3.0f, std::uint64_t{n});
+  (void)s1.wait(joined);  // joined back
+  (void)s1.launch(kernels().kernel("add_f32"), {.grid = 4}, p.x, p.y, p.z, std::uint64_t{n});
+  (void)s1.copy(p.hz, p.z);
   graph g = s1.end_capture();
   EXPECT_FALSE(s1.capturing());
   EXPECT_FALSE(s2.capturing());
@@ -306,10 +306,10 @@ TEST_P(graph_test, AForkThatIsNotJoinedBackAbandonsTheCapture) {
   auto x = dev().alloc<std::uint32_t>(8);
   event forked = dev().make_event();
   s1.begin_capture();
-  s1.fill(x, 1);
-  s1.record(forked);
-  s2.wait(forked);
-  s2.fill(x, 2);
+  (void)s1.fill(x, 1);
+  (void)s1.record(forked);
+  (void)s2.wait(forked);
+  (void)s2.fill(x, 2);
   EXPECT_CORA_ERROR(s1.end_capture(), errc::illegal_in_capture);
   EXPECT_FALSE(s2.capturing());
   s2.fill(x, 3).wait();
@@ -321,7 +321,7 @@ TEST_P(graph_test, IllegalOpsAbandonTheCaptureNamingTheOp) {
   {
     s.begin_capture();
     EXPECT_CORA_ERROR(s.begin_capture(), errc::illegal_in_capture);
-    s.fill(x, 1);
+    (void)s.fill(x, 1);
     EXPECT_CORA_ERROR(s.synchronize().wait(), errc::illegal_in_capture);
     try {
       (void)s.end_capture();
@@ -336,8 +336,8 @@ TEST_P(graph_test, IllegalOpsAbandonTheCaptureNamingTheOp) {
     // A wait for an event recorded outside the capture.
     event outside = dev().make_event();
     auto other = dev().make_stream();
-    other.fill(x, 2);
-    other.record(outside);
+    (void)other.fill(x, 2);
+    (void)other.record(outside);
     s.begin_capture();
     EXPECT_CORA_ERROR(s.wait(outside).wait(), errc::illegal_in_capture);
     EXPECT_CORA_ERROR(s.end_capture(), errc::illegal_in_capture);

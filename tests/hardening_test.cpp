@@ -36,7 +36,7 @@ class hardening_test : public device_test {
   void expect_works(stream& s) {
     std::vector<std::uint32_t> in(64, 7), out(64, 0);
     auto d = dev().alloc<std::uint32_t>(64);
-    s.copy(d.data(), in.data(), 256);
+    (void)s.copy(d.data(), in.data(), 256);
     s.copy(out.data(), d.data(), 256).wait();
     EXPECT_EQ(out, in);
   }
@@ -103,7 +103,7 @@ TEST_P(hardening_test, UnmappedAndInaccessibleHostPagesAreRefused) {
   // The readable pages themselves work.
   std::memset(m, 5, ps);
   std::memset(m + 3 * ps, 6, ps);
-  s.copy(d.data(), m, ps);
+  (void)s.copy(d.data(), m, ps);
   s.copy(m + 3 * ps, d.data(), ps).wait();
   EXPECT_EQ(m[3 * ps], 5);
   EXPECT_EQ(m[4 * ps - 1], 5);
@@ -157,8 +157,8 @@ TEST_P(hardening_test, RawBlocksWithAGarbagePointerAreRefused) {
   const std::uint64_t n = 16;
   auto x = dev().alloc<float>(n), y = dev().alloc<float>(n), z = dev().alloc<float>(n);
   std::vector<float> ones(n, 1.0f), out(n, 0.0f);
-  s.copy(x.data(), ones.data(), n * 4);
-  s.copy(y.data(), ones.data(), n * 4);
+  (void)s.copy(x.data(), ones.data(), n * 4);
+  (void)s.copy(y.data(), ones.data(), n * 4);
   void* garbage = reinterpret_cast<void*>(0xdead00000000);
   expect_refused(s.launch_host_block(k, {}, add_block(garbage, y.data(), z.data(), n)));
   expect_refused(s.launch_host_block(k, {}, add_block(x.data(), y.data(), wild, n)));
@@ -183,7 +183,7 @@ TEST_P(hardening_test, RawBlocksWithAGarbagePointerAreRefused) {
   args.finalize();
   expect_refused(s.launch(k, {}, args));
   // A good block still launches; null stays allowed (a kernel may take optional pointers).
-  s.launch_host_block(k, {}, add_block(x.data(), y.data(), z.data(), n));
+  (void)s.launch_host_block(k, {}, add_block(x.data(), y.data(), z.data(), n));
   s.copy(out.data(), z.data(), n * 4).wait();
   EXPECT_EQ(out, std::vector<float>(n, 2.0f));
   s.launch_host_block(k, {}, add_block(nullptr, nullptr, nullptr, 0)).wait();

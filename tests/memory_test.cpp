@@ -101,7 +101,7 @@ TEST_P(memory_test, NoResourceCallWaitsForAnUnrelatedKernel) {
     auto h = dev().alloc_host<std::uint8_t>(4096);
     auto d = dev().alloc<std::uint8_t>(4096);
     for (std::size_t i = 0; i < 4096; ++i) h[i] = static_cast<std::uint8_t>(i);
-    other.copy(d, h);
+    (void)other.copy(d, h);
     auto back = dev().alloc_host<std::uint8_t>(4096);
     other.copy(back, d).wait();
     EXPECT_EQ(back[4095], static_cast<std::uint8_t>(4095));
@@ -267,7 +267,7 @@ TEST_P(memory_test, StreamAllocDoesNotWaitForEarlierWork) {
   ASSERT_TRUE(b);
   EXPECT_EQ(b.size(), 256u);
   EXPECT_EQ(sp.state(), 0u);
-  sp.stream.fill(b, 7);
+  (void)sp.stream.fill(b, 7);
   sp.stream.free(std::move(b));
   try {
     (void)sp.stream.alloc<std::uint32_t>(0).wait();
@@ -284,7 +284,7 @@ TEST_P(memory_test, DroppedBufferIsRefusedByLaterOps) {
   auto sp = spin();
   auto b = dev().alloc<std::uint32_t>(16);
   auto* p = b.data();
-  sp.stream.fill(b, 0);
+  (void)sp.stream.fill(b, 0);
   b.reset();
   auto s = dev().make_stream();
   std::error_code ec;
@@ -309,8 +309,8 @@ TEST_P(memory_test, TenThousandCyclesLeaveTheStatsWhereTheyWere) {
     auto d = d0.alloc<std::uint32_t>(64 + i % 512);
     auto h = d0.alloc_host<std::uint32_t>(64 + i % 512);
     if (i % 16 == 0) {
-      s.fill(d, 1);
-      s.copy(h, d);
+      (void)s.fill(d, 1);
+      (void)s.copy(h, d);
     }
   }
   s.synchronize().wait();

@@ -459,6 +459,9 @@ std::thread::id handler_thread_id() {
 // example a user thread blocked in an unrelated wait() on the same stream.
 TEST_P(engine_test, ExecutorlessWaitNeverRunsOnAThreadBlockedInWait) {
   with_watchdog(60s, [&] {
+    // The handler thread exists before any blocked thread does: a thread started later could
+    // reuse a finished thread's id.
+    const auto handler_id = handler_thread_id();
     auto s = dev().make_stream();
     for (int round = 0; round < 3; ++round) {
       gate g;
@@ -474,7 +477,7 @@ TEST_P(engine_test, ExecutorlessWaitNeverRunsOnAThreadBlockedInWait) {
       blocked.join();
       const auto id = ran_on.get_future().get();
       EXPECT_NE(id, blocked_id) << "round " << round;
-      EXPECT_EQ(id, handler_thread_id()) << "round " << round;
+      EXPECT_EQ(id, handler_id) << "round " << round;
     }
   });
 }

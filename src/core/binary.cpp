@@ -110,6 +110,10 @@ bool same_as_image(const std::vector<backend::kernel_desc>& declared,
                         std::to_string(it->params[i].align) + " in the image but " +
                         std::to_string(d.params[i].size) + " aligned to " +
                         std::to_string(d.params[i].align) + " in its metadata");
+      else if (it->params[i].pointer != d.params[i].pointer)
+        return mismatch("parameter " + std::to_string(i) + " of kernel '" + d.name + "' is " +
+                        (it->params[i].pointer ? "" : "not ") + "a pointer in the image but " +
+                        (d.params[i].pointer ? "" : "not ") + "in its metadata");
   }
   ec.clear();
   return true;

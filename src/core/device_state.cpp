@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <limits>
 
 #include <asio/error.hpp>
 #include <asio/post.hpp>
@@ -297,6 +298,11 @@ constexpr std::size_t slab_round = std::size_t{2} << 20;
 
 void* device_state::pinned_alloc(std::size_t bytes, std::error_code& ec) {
   auto& pool = *pinned_pool_;
+  // Rounded up to granules and then to slabs: a size near SIZE_MAX must not wrap to a small one.
+  if (bytes > std::numeric_limits<std::size_t>::max() - slab_round) {
+    ec = make_error_code(errc::out_of_memory);
+    return nullptr;
+  }
   const std::size_t size = (bytes + pinned_pool::granule - 1) / pinned_pool::granule * pinned_pool::granule;
   const std::size_t limit = runtime->options.pinned_memory_limit;
   std::uintptr_t a = 0;

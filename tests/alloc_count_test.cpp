@@ -4,9 +4,11 @@
 #include <execinfo.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <thread>
 
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
@@ -86,7 +88,19 @@ TEST(alloc_count, WarmAwaitedPipelinesAllocateNothingOnTheCpuDevice) {
     ctx.restart();
     ctx.run();
   };
-  run(2000);  // warm-up: pools, rings and caches reach their steady size
+  // Warm-up: pools, rings and caches reach their steady size. Awaits that outlast the spin
+  // limit park on the engine first, so that its thread (started on the first park) and its
+  // per-thread lists exist before counting, whatever the timing of the pipelines below.
+  auto parked = [&](int count) -> task<void> {
+    for (int i = 0; i < count; ++i) {
+      (void)s.copy(x, hx);
+      co_await s.host_func([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); });
+      co_await s.copy(hz, z);
+    }
+  };
+  spawn(ctx, parked(20), asio::detached);
+  ctx.run();
+  run(2000);
   ASSERT_EQ(hz[5], 10.0f);
   if (const char* t = std::getenv("CORA_ALLOC_TRACE")) traces_left = std::atoi(t);
   // The spawn itself (a task frame, its owner) is not the steady state: started before counting.

@@ -35,6 +35,22 @@ inline void cpu_relax() noexcept {
 constexpr auto worker_spin = std::chrono::microseconds(20);
 // Copies are split into pieces of at least this many bytes.
 constexpr std::size_t copy_piece = std::size_t{1} << 20;
+// A recycled op keeps an argument buffer up to this size (launch arguments are far smaller).
+constexpr std::size_t recycled_args_capacity = 4096;
+// What a new op reserves for launch arguments: most argument blocks fit.
+constexpr std::size_t initial_args_capacity = 128;
+// The ops a device prepares when it starts (op_pool).
+constexpr std::size_t prepared_ops = 32;
+
+// finish()'s work lists, kept per thread so that a warm pipeline allocates none. finish() can
+// run again inside itself on the same thread (start() finishes a wait op or an abandoned one):
+// the inner call then uses lists of its own.
+struct finish_lists {
+  std::vector<op*> todo;
+  std::vector<op*> ready;
+  bool busy = false;
+};
+thread_local finish_lists thread_finish_lists;
 
 // Status of an op whose injected copy fault ran; beside the kernel ABI's statuses.
 constexpr int status_copy_fault = 100;
@@ -140,6 +156,94 @@ void pin_worker(unsigned index, unsigned workers) noexcept {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// op, op_pool
+
+void op::reset() noexcept {
+  k = kind::copy;
+  fault = injected::none;
+  seq = 0;
+  stream = nullptr;
+  dst = nullptr;
+  src = nullptr;
+  bytes = 0;
+  chunk = 0;
+  value = 0;
+  entry = nullptr;
+  // A launch's argument block is small: kept. A large one (a pageable copy's snapshot) is freed.
+  if (args.capacity() > recycled_args_capacity)
+    std::vector<std::byte>().swap(args);
+  else
+    args.clear();
+  device_args = nullptr;
+  grid = 0;
+  batch = 1;
+  slices = 0;
+  // claimed and claimed_capacity are kept: start() clears the slices it uses.
+  timeout_ns = 0;
+  launch = cora_cpu_launch{};
+  abort = 0;
+  fn = nullptr;
+  ev = nullptr;
+  wait_stream = nullptr;
+  wait_seq = 0;
+  graph.reset();
+  graph_next = 0;
+  parent = nullptr;
+  next.store(0, std::memory_order_relaxed);
+  pieces.store(0, std::memory_order_relaxed);
+  status.store(0, std::memory_order_relaxed);
+  message.clear();
+  free_next = nullptr;
+}
+
+op_pool::op_pool(unsigned slices, std::size_t prepared) : slices_(slices) {
+  // New ones: take() would hand back the op just given.
+  for (std::size_t i = 0; i < prepared; ++i) give(make());
+}
+
+op_pool::~op_pool() {
+  while (op* o = free_) {
+    free_ = o->free_next;
+    delete o;
+  }
+}
+
+op* op_pool::take() {
+  {
+    std::lock_guard lock(mutex_);
+    if (op* o = free_) {
+      free_ = o->free_next;
+      --count_;
+      o->free_next = nullptr;
+      return o;
+    }
+  }
+  return make();
+}
+
+op* op_pool::make() {
+  auto o = std::make_unique<op>();
+  o->args.reserve(initial_args_capacity);
+  o->claimed.reset(new std::atomic<std::uint8_t>[slices_]());
+  o->claimed_capacity = slices_;
+  return o.release();
+}
+
+void op_pool::give(op* o) noexcept {
+  o->reset();
+  {
+    std::lock_guard lock(mutex_);
+    if (count_ < max_free) {
+      o->free_next = free_;
+      free_ = o;
+      ++count_;
+      return;
+    }
+  }
+  delete o;
+}
+
+// ---------------------------------------------------------------------------------------------
 // worker_pool
 
 worker_pool::worker_pool(cpu_device& device, unsigned threads) : device_(device) {
@@ -188,7 +292,9 @@ void worker_pool::stop(std::vector<op*>& left) noexcept {
   // shuts the runtime down. Workers take nothing more from the queue; the destructor joins.
   std::lock_guard lock(mutex_);
   try {
-    left.assign(queue_.begin(), queue_.end());
+    left.clear();
+    left.reserve(queue_.size());
+    queue_.for_each([&](op* o) { left.push_back(o); });
   } catch (...) {
   }
   queue_.clear();
@@ -291,12 +397,12 @@ bool cpu_stream::add_dependent(std::uint64_t seq, op* waiter) {
 void cpu_stream::abort_running() noexcept {
   std::lock_guard lock(mutex_);
   if (running_) set_abort(running_);
-  for (op* o : queue_) set_abort(o);
+  queue_.for_each([](op* o) { set_abort(o); });
 }
 
 void cpu_stream::copy(std::uint64_t seq, void* dst, const void* src, std::size_t bytes,
                       bool src_pageable) {
-  auto* o = new op;
+  auto* o = device_.ops().take();
   o->k = op::kind::copy;
   o->seq = seq;
   o->dst = static_cast<std::byte*>(dst);
@@ -312,7 +418,7 @@ void cpu_stream::copy(std::uint64_t seq, void* dst, const void* src, std::size_t
 }
 
 void cpu_stream::fill(std::uint64_t seq, void* dst, std::uint8_t value, std::size_t bytes) {
-  auto* o = new op;
+  auto* o = device_.ops().take();
   o->k = op::kind::fill;
   o->seq = seq;
   o->dst = static_cast<std::byte*>(dst);
@@ -356,7 +462,7 @@ void cpu_stream::launch(std::uint64_t seq, const launch_desc& l, std::error_code
   const auto& cfg = l.config;
   if (!device_.check_launch(cfg, ec, message)) return;
   const std::uint64_t blocks = cfg.grid.volume();
-  auto* o = new op;
+  auto* o = device_.ops().take();
   o->k = op::kind::launch;
   o->seq = seq;
   o->entry = reinterpret_cast<cora_cpu_entry_fn>(l.function);
@@ -384,7 +490,7 @@ void cpu_stream::launch(std::uint64_t seq, const launch_desc& l, std::error_code
 }
 
 void cpu_stream::host_func(std::uint64_t seq, std::function<void()> fn, std::error_code& ec) {
-  auto* o = new op;
+  auto* o = device_.ops().take();
   o->k = op::kind::host_func;
   o->seq = seq;
   o->fn = std::move(fn);
@@ -399,7 +505,7 @@ void cpu_stream::record(std::uint64_t seq, event& ev) {
     e.stream = this;
     e.seq = seq;
   }
-  auto* o = new op;
+  auto* o = device_.ops().take();
   o->k = op::kind::record;
   o->seq = seq;
   o->ev = &e;
@@ -408,7 +514,7 @@ void cpu_stream::record(std::uint64_t seq, event& ev) {
 
 void cpu_stream::wait(std::uint64_t seq, event& ev) {
   auto& e = static_cast<cpu_event&>(ev);
-  auto* o = new op;
+  auto* o = device_.ops().take();
   o->k = op::kind::wait;
   o->seq = seq;
   {
@@ -452,7 +558,7 @@ fault cpu_stream::take_fault() {
 // cpu_device
 
 cpu_device::cpu_device(unsigned ordinal, unsigned compute_units, std::size_t memory)
-    : memory_(memory), pool_(*this, compute_units) {
+    : memory_(memory), ops_(compute_units, prepared_ops), pool_(*this, compute_units) {
   info_.name = "CPU device " + std::to_string(ordinal) + " (" + std::to_string(compute_units) +
                " compute units)";
   info_.backend = "cpu";
@@ -618,7 +724,12 @@ void cpu_device::start(op* o) {
       // taken by worker i when it is free (pieces carry no slice of their own).
       const std::uint32_t pieces = std::min<std::uint32_t>(o->grid, pool_.size());
       o->slices = pieces;
-      o->claimed.reset(new std::atomic<std::uint8_t>[pieces]());
+      if (o->claimed_capacity < pieces) {
+        o->claimed.reset(new std::atomic<std::uint8_t>[pieces]());
+        o->claimed_capacity = pieces;
+      } else {
+        for (std::uint32_t i = 0; i < pieces; ++i) o->claimed[i].store(0, std::memory_order_relaxed);
+      }
       // Blocks run in batches, so that an abort stops a slice between batches.
       o->batch = std::max<std::uint32_t>(1, o->grid / (pieces * 8));
       if (o->timeout_ns) o->launch.deadline_ns = now_ns() + o->timeout_ns;
@@ -760,8 +871,23 @@ void cpu_device::run_injected(op* o) {
 void cpu_device::finish(op* first) {
   // Finishing an op may start the next op of its stream and release waits of other streams;
   // run those here in a loop rather than recursively.
-  std::vector<op*> todo{first};
-  std::vector<op*> ready;
+  finish_lists local;
+  finish_lists& lists = thread_finish_lists.busy ? local : thread_finish_lists;
+  lists.busy = true;
+  if (lists.todo.capacity() == 0) {  // room for the usual fan-out from the first use on
+    lists.todo.reserve(16);
+    lists.ready.reserve(16);
+  }
+  struct release {
+    finish_lists& l;
+    ~release() {
+      l.todo.clear();
+      l.busy = false;
+    }
+  } released{lists};
+  std::vector<op*>& todo = lists.todo;
+  std::vector<op*>& ready = lists.ready;
+  todo.push_back(first);
   while (!todo.empty()) {
     op* o = todo.back();
     todo.pop_back();
@@ -776,7 +902,7 @@ void cpu_device::finish(op* first) {
       if (status != CORA_CPU_OK &&
           parent->status.compare_exchange_strong(expected, status, std::memory_order_acq_rel))
         parent->message = std::move(o->message);
-      delete o;
+      ops_.give(o);
       if (op* child = next_graph_op(parent))
         start(child);
       else
@@ -785,7 +911,7 @@ void cpu_device::finish(op* first) {
     }
     ready.clear();
     o->stream->finished(o, ready);
-    delete o;
+    ops_.give(o);
     for (op* r : ready) {
       if (stopped()) {  // shut down: what was waiting behind this op never runs
         mark_shut_down(r);

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -77,6 +76,7 @@ struct op {
   // A launch's blocks in `slices` contiguous ranges, one a worker; claimed[i] once taken.
   std::uint32_t slices = 0;
   std::unique_ptr<std::atomic<std::uint8_t>[]> claimed;
+  std::uint32_t claimed_capacity = 0;  // kept across reuse (op_pool)
   std::uint64_t timeout_ns = 0;
   cora_cpu_launch launch{};
   volatile std::uint32_t abort = 0;
@@ -95,6 +95,76 @@ struct op {
   std::atomic<std::uint32_t> pieces{0};
   std::atomic<int> status{0};
   std::string message;
+
+  op* free_next = nullptr;  // the op_pool's free list
+
+  /// Returns every field to its initial value, releasing what the op held (a host function,
+  /// a graph), but keeping the argument and claim buffers' capacity for the next use.
+  void reset() noexcept;
+};
+
+/// Recycles a device's ops, so that warm pipelines allocate none (DESIGN section 4, rule 10).
+/// Ops are taken when work is enqueued and given back when it finishes; the free list keeps at
+/// most `max_free` of them.
+class op_pool {
+ public:
+  /// `slices`: the most slices a launch of the device has (its worker count).
+  /// Starts with `prepared` ops on the free list: a stream's first pipelines, and a pipeline
+  /// whose ops finish late, take no new ones.
+  op_pool(unsigned slices, std::size_t prepared);
+  op_pool(const op_pool&) = delete;
+  op_pool& operator=(const op_pool&) = delete;
+  ~op_pool();
+  /// A reset op: a recycled one, or a new one (may throw std::bad_alloc). Every op has room for
+  /// a launch's claims and a typical argument block, whatever it was used for before.
+  op* take();
+  /// Resets `o` and keeps it for reuse (or deletes it when enough are kept).
+  void give(op* o) noexcept;
+
+ private:
+  op* make();
+  static constexpr std::size_t max_free = 1024;
+  const unsigned slices_;
+  std::mutex mutex_;
+  op* free_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+/// A FIFO of ops in a ring buffer: unlike std::deque, it allocates only when it grows past its
+/// largest size so far, never in a steady state.
+class op_queue {
+ public:
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return size_; }
+  op* front() const noexcept { return ring_[head_]; }
+  void pop_front() noexcept {
+    head_ = (head_ + 1) & (ring_.size() - 1);
+    --size_;
+  }
+  void push_back(op* o) {
+    if (size_ == ring_.size()) grow();
+    ring_[(head_ + size_) & (ring_.size() - 1)] = o;
+    ++size_;
+  }
+  void clear() noexcept {
+    head_ = 0;
+    size_ = 0;
+  }
+  template <class F>
+  void for_each(F f) const {
+    for (std::size_t i = 0; i < size_; ++i) f(ring_[(head_ + i) & (ring_.size() - 1)]);
+  }
+
+ private:
+  void grow() {
+    std::vector<op*> bigger(ring_.empty() ? 64 : ring_.size() * 2);  // a power of two
+    for (std::size_t i = 0; i < size_; ++i) bigger[i] = ring_[(head_ + i) & (ring_.size() - 1)];
+    ring_.swap(bigger);
+    head_ = 0;
+  }
+  std::vector<op*> ring_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
 };
 
 /// Worker threads sharing one queue of op pieces.
@@ -114,7 +184,7 @@ class worker_pool {
   cpu_device& device_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<op*> queue_;
+  op_queue queue_;
   std::atomic<std::size_t> queued_{0};
   unsigned sleeping_ = 0;
   bool stop_ = false;
@@ -158,7 +228,7 @@ class cpu_stream final : public stream {
   std::mutex mutex_;
   std::condition_variable cv_;
   int blocked_ = 0;
-  std::deque<op*> queue_;
+  op_queue queue_;
   op* running_ = nullptr;
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> fault_seq_{~std::uint64_t{0}};
@@ -208,6 +278,9 @@ class cpu_device final : public device {
   /// Completes an op that will not run (the device was shut down) with runtime_shut_down.
   void abandon(op* o) noexcept;
 
+  /// Where the device's streams take their ops from.
+  op_pool& ops() noexcept { return ops_; }
+
   /// The device's fault injection plan (a test hook).
   fault_injection& faults() noexcept { return faults_; }
   /// Declares the device lost, as a driver does after an unrecoverable error: running and
@@ -230,6 +303,7 @@ class cpu_device final : public device {
   fault_injection faults_;
   std::mutex streams_mutex_;
   std::set<cpu_stream*> streams_;
+  op_pool ops_;  // before pool_: workers give ops back until they are joined
   worker_pool pool_;  // last: its threads use the members above
 };
 

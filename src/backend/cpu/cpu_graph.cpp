@@ -118,7 +118,7 @@ std::unique_ptr<graph_exec> cpu_device::instantiate(std::span<const graph_node_d
 
 void cpu_stream::launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
                               std::string&) {
-  auto* o = new op;
+  auto* o = device_.ops().take();
   o->k = op::kind::graph;
   o->seq = seq;
   o->graph = static_cast<cpu_graph_exec&>(graph).snapshot();
@@ -139,7 +139,7 @@ op* cpu_device::next_graph_op(op* parent) {
     }
     const graph_node& n = nodes[parent->graph_next++];
     if (n.k == graph_node_desc::kind::empty) continue;
-    auto* o = new op;
+    auto* o = ops_.take();
     o->parent = parent;
     o->stream = parent->stream;
     o->seq = parent->seq;

@@ -360,7 +360,7 @@ TEST_P(graph_test, IllegalOpsAbandonTheCaptureNamingTheOp) {
   }
   {
     // A capture body that throws leaves no capture behind.
-    EXPECT_THROW(s.capture([](stream&) { throw std::runtime_error("body"); }), std::runtime_error);
+    EXPECT_THROW((void)s.capture([](stream&) { throw std::runtime_error("body"); }), std::runtime_error);
     EXPECT_FALSE(s.capturing());
   }
   EXPECT_CORA_ERROR(s.end_capture(), errc::invalid_argument);

@@ -832,7 +832,13 @@ void cpu_device::run_slice(op* o, std::uint32_t slice) {
     }
     const std::uint32_t last = std::min(end, first + o->batch);
     message[0] = '\0';
-    const int status = o->entry(&o->launch, first, last, args, message, sizeof(message));
+    int status = o->entry(&o->launch, first, last, args, message, sizeof(message));
+    // A kernel that saw the abort flag because the runtime is shutting down was stopped by the
+    // shutdown, not by a lost device.
+    if (status == CORA_CPU_ABORTED && stopped() && !lost()) {
+      status = status_shut_down;
+      std::snprintf(message, sizeof(message), "launch stopped: the runtime was shut down");
+    }
     if (status != CORA_CPU_OK) {
       int expected = CORA_CPU_OK;
       if (o->status.compare_exchange_strong(expected, status, std::memory_order_acq_rel)) {

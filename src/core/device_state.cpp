@@ -79,7 +79,7 @@ void retire_module(std::shared_ptr<backend::module>&& m) noexcept {
     return;
   }
   try {
-    asio::post(host_pool(), [m = std::move(m)]() mutable { m.reset(); });
+    asio::post(device_wait_pool(), [m = std::move(m)]() mutable { m.reset(); });
   } catch (...) {
   }
   m.reset();
@@ -345,7 +345,7 @@ void* device_state::pinned_alloc(std::size_t bytes, std::error_code& ec) {
   }
   if (prefetch) {
     try {
-      asio::post(host_pool(), [self = shared_from_this()] {
+      asio::post(device_wait_pool(), [self = shared_from_this()] {
         auto& pl = *self->pinned_pool_;
         std::error_code e;
         void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
@@ -467,7 +467,7 @@ void device_state::trim_memory(std::size_t keep) noexcept {
   }
   if (release.empty()) return;
   try {
-    asio::post(host_pool(), [self = shared_from_this(), release = std::move(release)] {
+    asio::post(device_wait_pool(), [self = shared_from_this(), release = std::move(release)] {
       for (std::byte* p : release) self->backend->free_host(p);
     });
   } catch (...) {
@@ -499,7 +499,7 @@ std::unique_ptr<backend::stream> device_state::take_stream(int priority, std::er
   }
   if (refill) {
     try {
-      asio::post(host_pool(), [self = shared_from_this()] { self->refill_streams(); });
+      asio::post(device_wait_pool(), [self = shared_from_this()] { self->refill_streams(); });
     } catch (...) {
       std::lock_guard lock(spare_mutex_);
       refilling_ = false;
@@ -525,7 +525,7 @@ void device_state::warm_up() noexcept {
     refilling_ = true;
   }
   try {
-    asio::post(host_pool(), [self = shared_from_this()] {
+    asio::post(device_wait_pool(), [self = shared_from_this()] {
       auto& pl = *self->pinned_pool_;
       std::error_code e;
       void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
@@ -589,7 +589,7 @@ void device_state::retire_stream(std::unique_ptr<backend::stream> s) noexcept {
   if (s->borrowed()) return;
   try {
     // The handler owns the stream; should posting fail, it is destroyed here instead.
-    asio::post(host_pool(), [self = shared_from_this(), s = std::shared_ptr<backend::stream>(std::move(s))]() mutable {
+    asio::post(device_wait_pool(), [self = shared_from_this(), s = std::shared_ptr<backend::stream>(std::move(s))]() mutable {
       s.reset();
     });
   } catch (...) {

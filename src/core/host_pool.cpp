@@ -8,4 +8,9 @@ asio::thread_pool& host_pool() {
   return *pool;
 }
 
+asio::thread_pool& device_wait_pool() {
+  static auto* pool = new asio::thread_pool(2);  // never destroyed, as host_pool()
+  return *pool;
+}
+
 }  // namespace cora::detail

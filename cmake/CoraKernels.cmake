@@ -111,6 +111,11 @@ function(cora_add_kernel_binary target)
       # would go on reading the counters of an unloaded image.
       target_compile_options(${target}_cpu PRIVATE -fno-sanitize=fuzzer-no-link)
     endif()
+    if(DEFINED CORA_SANITIZE AND "thread" IN_LIST CORA_SANITIZE)
+      # Blocks of a kernel may race on purpose (a flag every block sets, as on a GPU): that is
+      # the kernel's semantics, not cora's. cora's own code stays instrumented.
+      target_compile_options(${target}_cpu PRIVATE -fno-sanitize=thread)
+    endif()
     list(APPEND pack_args --cpu "$<TARGET_FILE:${target}_cpu>")
     list(APPEND pack_deps ${target}_cpu)
   endif()

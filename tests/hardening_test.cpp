@@ -23,6 +23,15 @@ namespace {
 
 void* const wild = reinterpret_cast<void*>(0x1000);
 
+// GCC says __SANITIZE_ADDRESS__, clang 14 only __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+#define CORA_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CORA_TEST_UNDER_ASAN 1
+#endif
+#endif
+
 class hardening_test : public device_test {
  protected:
   /// Expects `p` to have failed with invalid_pointer when it was made: never queued.
@@ -80,7 +89,7 @@ TEST_P(hardening_test, FileReadsIntoAWildHostAddressAreRefused) {
 }
 
 TEST_P(hardening_test, UnmappedAndInaccessibleHostPagesAreRefused) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(CORA_TEST_UNDER_ASAN)
   GTEST_SKIP() << "AddressSanitizer's allocator maps memory into the unmapped hole this test makes";
 #endif
   const std::size_t ps = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));

@@ -296,6 +296,16 @@ constexpr std::size_t default_slab = std::size_t{4} << 20;
 constexpr std::size_t slab_round = std::size_t{2} << 20;
 }  // namespace
 
+void device_state::grow_pinned_slab() {
+  auto& pl = *pinned_pool_;
+  std::error_code e;
+  void* p = shut_down.load(std::memory_order_acquire) ? nullptr : backend->alloc_host(default_slab, e);
+  std::lock_guard lock(pl.mutex);
+  pl.reserved -= default_slab;
+  if (p) pl.add_slab(static_cast<std::byte*>(p), default_slab);
+  pl.growing = false;
+}
+
 void* device_state::pinned_alloc(std::size_t bytes, std::error_code& ec) {
   auto& pool = *pinned_pool_;
   // Rounded up to granules and then to slabs: a size near SIZE_MAX must not wrap to a small one.
@@ -345,16 +355,7 @@ void* device_state::pinned_alloc(std::size_t bytes, std::error_code& ec) {
   }
   if (prefetch) {
     try {
-      asio::post(device_wait_pool(), [self = shared_from_this()] {
-        auto& pl = *self->pinned_pool_;
-        std::error_code e;
-        void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
-                                                                  : self->backend->alloc_host(default_slab, e);
-        std::lock_guard lock(pl.mutex);
-        pl.reserved -= default_slab;
-        if (p) pl.add_slab(static_cast<std::byte*>(p), default_slab);
-        pl.growing = false;
-      });
+      asio::post(device_wait_pool(), [self = shared_from_this()] { self->grow_pinned_slab(); });
     } catch (...) {
       std::lock_guard lock(pool.mutex);
       pool.reserved -= default_slab;
@@ -526,16 +527,7 @@ void device_state::warm_up() noexcept {
   }
   try {
     asio::post(device_wait_pool(), [self = shared_from_this()] {
-      auto& pl = *self->pinned_pool_;
-      std::error_code e;
-      void* p = self->shut_down.load(std::memory_order_acquire) ? nullptr
-                                                                : self->backend->alloc_host(default_slab, e);
-      {
-        std::lock_guard lock(pl.mutex);
-        pl.reserved -= default_slab;
-        if (p) pl.add_slab(static_cast<std::byte*>(p), default_slab);
-        pl.growing = false;
-      }
+      self->grow_pinned_slab();
       if (self->backend->pool_streams()) self->refill_streams();
     });
   } catch (...) {

@@ -163,6 +163,9 @@ class device_state : public std::enable_shared_from_this<device_state> {
   void free_record(alloc_record* r) noexcept;
   /// Pinned memory from the device's slab pool (`bytes` > 0); null with ec set on failure.
   void* pinned_alloc(std::size_t bytes, std::error_code& ec);
+  /// Adds one default-size slab to the pinned pool, whose growth was counted by the caller
+  /// (reserved, growing); on a cora thread, since the driver's pinned allocation may wait.
+  void grow_pinned_slab();
   std::size_t pinned_reserved() const noexcept;
   void add_pinned_in_use(std::ptrdiff_t d) noexcept {
     pinned_in_use_.fetch_add(static_cast<std::size_t>(d), std::memory_order_relaxed);

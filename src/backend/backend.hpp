@@ -187,6 +187,13 @@ class stream {
   virtual void* native_handle() const noexcept { return nullptr; }
   /// True for a stream adopted from another library (its destruction only lets go of it).
   virtual bool borrowed() const noexcept { return false; }
+  /// A borrowed stream whose cora handle is gone: its library may destroy the native stream
+  /// at any time from now on, so make no more driver calls on it (markers already recorded
+  /// are still polled, from memory or events that do not belong to the stream).
+  virtual void detach() noexcept {}
+  /// Readies a drained stream (every marker reached) for a new cora stream, as if new; false
+  /// when it cannot serve again (a fault was recorded, the context is lost...).
+  virtual bool recycle() noexcept { return false; }
 
   /// Enqueues one launch of an instantiated graph of this stream's device as op `seq`.
   virtual void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,

@@ -182,8 +182,9 @@ cora::stream device::make_stream(const stream_options& options) {
   std::error_code ec;
   auto bs = s_->take_stream(options.priority, ec);
   if (ec) throw error(ec, "cannot create a stream on " + s_->properties.name);
-  return cora::stream(detail::intrusive_ptr<detail::completion_source>(
-      detail::make_intrusive<detail::stream_state>(state(), std::move(bs))));
+  auto st = detail::make_intrusive<detail::stream_state>(state(), std::move(bs));
+  st->pooled = options.priority == 0 && s_->backend->pool_streams();
+  return cora::stream(detail::intrusive_ptr<detail::completion_source>(std::move(st)));
 }
 
 cora::stream device::adopt_stream(void* native_stream) {

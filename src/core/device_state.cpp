@@ -476,7 +476,9 @@ void device_state::trim_memory(std::size_t keep) noexcept {
 }
 
 namespace {
-constexpr std::size_t stream_pool_size = 4;
+// Created ahead on a cora thread: a CUDA context creates its first few dozen streams at once,
+// but later ones may wait for running kernels.
+constexpr std::size_t stream_pool_size = 32;
 }  // namespace
 
 std::unique_ptr<backend::stream> device_state::take_stream(int priority, std::error_code& ec) {
@@ -574,11 +576,23 @@ void device_state::refill_streams() noexcept {
   }
 }
 
-void device_state::retire_stream(std::unique_ptr<backend::stream> s) noexcept {
+void device_state::retire_stream(std::unique_ptr<backend::stream> s, bool reusable) noexcept {
   if (!s) return;
   // An adopted stream belongs to its library, which may destroy it as soon as cora's handle
   // is gone: let go of it now (that waits for nothing).
   if (s->borrowed()) return;
+  // A drained stream serves again: creating streams may wait for the device once a context
+  // has a few dozen, and a warm pool makes make_stream cheap.
+  if (reusable && !shut_down.load(std::memory_order_acquire)) {
+    std::lock_guard lock(spare_mutex_);
+    if (spare_streams_.size() < stream_pool_size && s->recycle()) {
+      try {
+        spare_streams_.push_back(std::move(s));
+        return;
+      } catch (...) {
+      }
+    }
+  }
   try {
     // The handler owns the stream; should posting fail, it is destroyed here instead.
     asio::post(device_wait_pool(), [self = shared_from_this(), s = std::shared_ptr<backend::stream>(std::move(s))]() mutable {

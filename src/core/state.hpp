@@ -189,7 +189,8 @@ class device_state : public std::enable_shared_from_this<device_state> {
   /// creation may wait for the device (CUDA), else created now.
   std::unique_ptr<backend::stream> take_stream(int priority, std::error_code& ec);
   /// Destroys a drained backend stream on a cora thread (never on the caller's).
-  void retire_stream(std::unique_ptr<backend::stream> s) noexcept;
+  /// `reusable`: drained, and made by take_stream's pool: it may serve a new cora stream.
+  void retire_stream(std::unique_ptr<backend::stream> s, bool reusable = false) noexcept;
 
   // Streams, for device-wide synchronization and shutdown.
   void add_stream(stream_state* s);
@@ -407,6 +408,9 @@ class stream_state final : public completion_source {
   op_handle synchronize_handle();
   /// True if every op enqueued so far has completed, as last observed (no driver call).
   bool idle_observed() noexcept;
+  /// For a borrowed native stream whose handle is going: records the marker that tells when
+  /// the work already enqueued is done, then tells the backend to leave the native stream be.
+  void detach_native() noexcept;
   /// True if every op enqueued so far has completed (queries the driver).
   bool query_idle();
 
@@ -437,6 +441,8 @@ class stream_state final : public completion_source {
   /// Graph capture (core/graph_state.hpp): set while the stream takes part in a capture, whose
   /// session `capture` is (guarded by enqueue_mutex()). Ops then become graph nodes.
   std::atomic<bool> capturing{false};
+  /// The backend stream came from the device's pool and may go back to it once drained.
+  bool pooled = false;
   std::shared_ptr<capture_session> capture;
 
  private:

@@ -134,6 +134,8 @@ stream& stream::operator=(stream&& o) noexcept {
 
 stream::~stream() {
   if (s_ && st()->capturing.load(std::memory_order_acquire)) abandon_capture();
+  // A borrowed native stream may be destroyed by its owner as soon as this handle is gone.
+  if (s_ && st()->backend->borrowed()) st()->detach_native();
   // Work still in flight keeps the stream alive: the engine releases it when the work is done.
   if (s_ && !st()->idle_observed())
     detail::engine::get().drain(detail::intrusive_ptr<detail::stream_state>::share(st()));

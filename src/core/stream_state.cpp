@@ -22,7 +22,7 @@ stream_state::stream_state(std::shared_ptr<device_state> dev, std::unique_ptr<ba
 stream_state::~stream_state() {
   // Only reached when nothing refers to the stream any more, so its ops were waited for (or
   // drained by the engine). Wait anyway before destroying the backend stream.
-  drain(clock::now() + std::chrono::seconds(30));
+  const bool drained = drain(clock::now() + std::chrono::seconds(30));
   {
     std::lock_guard lock(mutex_);
     markers_.for_each([&](marker_rec& m) { backend->release_marker(m.m); });
@@ -31,7 +31,7 @@ stream_state::~stream_state() {
     device->remove_stream(this);
   }
   // Destroying a driver stream may wait for the device: done on a cora thread.
-  device->retire_stream(std::move(backend));
+  device->retire_stream(std::move(backend), drained && pooled);
 }
 
 void stream_state::record_marker_locked(std::uint64_t seq) {
@@ -462,6 +462,20 @@ void stream_state::abort_waits(std::error_code ec, poll_group* only) noexcept {
   for (wait_node* n : fired)
     if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
   fire(fired, false);
+}
+
+void stream_state::detach_native() noexcept {
+  std::lock_guard lock(mutex_);
+  if (completed_.load(std::memory_order_relaxed) < last_seq_ &&
+      (markers_.empty() || markers_.back().m.seq < last_seq_)) {
+    try {
+      record_marker_locked(last_seq_);
+    } catch (...) {
+      // Without room for the marker the drain records none either: the stream then stays
+      // until the device is shut down, which is safe.
+    }
+  }
+  backend->detach();
 }
 
 bool stream_state::drain(clock::time_point deadline) noexcept {

@@ -112,7 +112,16 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
 
 cpu_module::~cpu_module() {
   if (handle_) ::dlclose(handle_);
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  // An image the loader keeps (C++ unique symbols make it undeletable) stays known by its
+  // "/proc/self/fd/N" name: a later image in a file that reuses N would get the old object.
+  // Its file then stays open too, so that the name is never reused.
+  const std::string path = "/proc/self/fd/" + std::to_string(fd_);
+  if (void* still = ::dlopen(path.c_str(), RTLD_NOLOAD | RTLD_LAZY)) {
+    ::dlclose(still);
+    return;
+  }
+  ::close(fd_);
 }
 
 void* cpu_module::function(std::size_t index, std::error_code& ec, std::string& message) {

@@ -29,6 +29,7 @@ std::shared_ptr<context> context::retain(const driver_api& api, int ordinal, std
 
 context::~context() {
   // Errors are of no use here (the driver may already be shutting down at process exit).
+  marker_slots.reset();  // before the release, while the context still exists
   api.cuDevicePrimaryCtxRelease(device);
 }
 

@@ -16,6 +16,8 @@
 
 namespace cora::backend::cuda {
 
+class marker_slot_pool;  // cuda_markers.cpp
+
 class context {
  public:
   /// Retains device `ordinal`'s primary context; null with `message` on failure.
@@ -48,6 +50,11 @@ class context {
   std::mutex signal_mutex;
   std::condition_variable signal_cv;
   std::uint64_t signal_generation = 0;
+
+  /// Counter-marker slots (cuda_markers.cpp), carved from pinned slabs that die with the context:
+  /// releasing the primary context frees them, and a later retain may return the same handle.
+  std::mutex marker_slots_mutex;
+  std::unique_ptr<marker_slot_pool, void (*)(marker_slot_pool*) noexcept> marker_slots{nullptr, nullptr};
 
  private:
   context(const driver_api& a, CUdevice d, int o, CUcontext h) noexcept

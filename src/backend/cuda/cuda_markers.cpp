@@ -1,6 +1,5 @@
 #include "backend/cuda/cuda_markers.hpp"
 
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -15,7 +14,8 @@ constexpr auto health_interval = std::chrono::milliseconds(1);
 // CUDA_SUCCESS once it is idle (every write and callback has happened), else its error.
 class health_check {
  public:
-  CUresult due(const context& ctx, CUstream stream) noexcept {
+  CUresult due(const context& ctx, CUstream stream, bool detached) noexcept {
+    if (detached) return CUDA_ERROR_NOT_READY;  // the stream may be gone: its memory tells
     const auto now = clock::now().time_since_epoch().count();
     auto last = last_.load(std::memory_order_relaxed);
     if (now - last < std::chrono::duration_cast<clock::duration>(health_interval).count())
@@ -65,6 +65,14 @@ class event_markers final : public marker_source {
 
   void retire(bool) noexcept override {}
 
+  bool reached_all() const noexcept override {
+    // Events are freed with the source whatever their state; the driver keeps a pending
+    // record alive past cuEventDestroy.
+    return true;
+  }
+
+  void reset() noexcept override {}
+
  private:
   std::shared_ptr<context> ctx_;
   CUstream stream_;
@@ -74,11 +82,13 @@ class event_markers final : public marker_source {
 
 // --- counter markers -------------------------------------------------------------------------
 
+}  // namespace
+
 /// Counter slots (one cache line each) carved from mapped pinned slabs of 64 KiB, so that a new
 /// stream needs no cuMemHostAlloc of its own (which waits for the device) once a slab has room.
-/// Slabs live as long as the process: a slot may be written by the device until its stream
-/// has drained, and slots are few.
-class slot_pool {
+/// The context owns the pool and frees the slabs when it goes: a slot may be written by the
+/// device until its stream has drained, and every stream holds the context.
+class marker_slot_pool {
  public:
   static constexpr std::size_t slot_bytes = 64;
   static constexpr std::size_t slab_bytes = 64 * 1024;
@@ -88,27 +98,36 @@ class slot_pool {
     CUdeviceptr device = 0;
   };
 
-  static slot_pool& of(const context& ctx) {
-    static std::mutex mutex;
-    static auto* pools = new std::map<CUcontext, slot_pool*>();
-    std::lock_guard lock(mutex);
-    auto& p = (*pools)[ctx.handle];
-    if (!p) p = new slot_pool();
-    return *p;
+  explicit marker_slot_pool(const context& ctx) noexcept : ctx_(ctx) {}
+  marker_slot_pool(const marker_slot_pool&) = delete;
+  marker_slot_pool& operator=(const marker_slot_pool&) = delete;
+  ~marker_slot_pool() {
+    current_context cur(ctx_);
+    for (void* p : slabs_) ctx_.api.cuMemFreeHost(p);
   }
 
-  CUresult take(const context& ctx, slot& out) {
+  static marker_slot_pool& of(context& ctx) {
+    std::lock_guard lock(ctx.marker_slots_mutex);
+    if (!ctx.marker_slots)
+      ctx.marker_slots = {new marker_slot_pool(ctx), [](marker_slot_pool* p) noexcept { delete p; }};
+    return *ctx.marker_slots;
+  }
+
+  CUresult take(slot& out) {
     std::lock_guard lock(mutex_);
     if (free_.empty()) {
+      slabs_.reserve(slabs_.size() + 1);
+      free_.reserve(free_.size() + slab_bytes / slot_bytes);
       void* p = nullptr;
-      CUresult r = ctx.api.cuMemHostAlloc(&p, slab_bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+      CUresult r = ctx_.api.cuMemHostAlloc(&p, slab_bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
       if (r != CUDA_SUCCESS) return r;
       CUdeviceptr d = 0;
-      r = ctx.api.cuMemHostGetDevicePointer(&d, p, 0);
+      r = ctx_.api.cuMemHostGetDevicePointer(&d, p, 0);
       if (r != CUDA_SUCCESS) {
-        ctx.api.cuMemFreeHost(p);
+        ctx_.api.cuMemFreeHost(p);
         return r;
       }
+      slabs_.push_back(p);
       for (std::size_t off = 0; off < slab_bytes; off += slot_bytes)
         free_.push_back({reinterpret_cast<std::uint32_t*>(static_cast<std::byte*>(p) + off), d + off});
     }
@@ -127,17 +146,21 @@ class slot_pool {
   }
 
  private:
+  const context& ctx_;
   std::mutex mutex_;
   std::vector<slot> free_;
+  std::vector<void*> slabs_;
 };
+
+namespace {
 
 class counter_markers final : public marker_source {
  public:
   counter_markers(std::shared_ptr<context> ctx, CUstream stream) : ctx_(std::move(ctx)), stream_(stream) {}
 
   CUresult init() {
-    slot_pool::slot s;
-    const CUresult r = slot_pool::of(*ctx_).take(*ctx_, s);
+    marker_slot_pool::slot s;
+    const CUresult r = marker_slot_pool::of(*ctx_).take(s);
     if (r != CUDA_SUCCESS) return r;
     slot_ = s.host;
     device_slot_ = s.device;
@@ -146,11 +169,12 @@ class counter_markers final : public marker_source {
 
   ~counter_markers() override {
     // A slot the device may still write is never reused.
-    if (slot_ && free_slot_) slot_pool::of(*ctx_).give_back({slot_, device_slot_});
+    if (slot_ && free_slot_) marker_slot_pool::of(*ctx_).give_back({slot_, device_slot_});
   }
 
   CUresult record(std::uint64_t seq, marker& out) override {
     out.handle = nullptr;
+    last_ = seq;
     // The default flags order the write after every earlier op of the stream, with a
     // system-wide memory fence, so data those ops wrote is visible once the value is.
     return ctx_->api.cuStreamWriteValue32(stream_, device_slot_, static_cast<cuuint32_t>(seq),
@@ -159,12 +183,19 @@ class counter_markers final : public marker_source {
 
   CUresult poll(const marker& m) override {
     if (reached(m.seq)) return CUDA_SUCCESS;
-    return health_.due(*ctx_, stream_);  // success means idle: the write has happened
+    return health_.due(*ctx_, stream_, detached());  // success means idle: the write has happened
   }
 
   void release(const marker&) noexcept override {}
 
   void retire(bool device_done) noexcept override { free_slot_ = device_done; }
+
+  bool reached_all() const noexcept override { return last_ == 0 || reached(last_); }
+
+  void reset() noexcept override {
+    __atomic_store_n(slot_, 0u, __ATOMIC_RELEASE);  // the device wrote its last value
+    last_ = 0;
+  }
 
  private:
   bool reached(std::uint64_t seq) const noexcept {
@@ -177,6 +208,7 @@ class counter_markers final : public marker_source {
   CUstream stream_;
   std::uint32_t* slot_ = nullptr;
   CUdeviceptr device_slot_ = 0;
+  std::uint64_t last_ = 0;  // the last sequence number recorded
   bool free_slot_ = true;
   health_check health_;
 };
@@ -219,7 +251,7 @@ class callback_markers final : public marker_source {
 
   CUresult poll(const marker& m) override {
     if (reached(m)) return CUDA_SUCCESS;
-    return health_.due(*ctx_, stream_);  // success means idle: the callback has run
+    return health_.due(*ctx_, stream_, detached());  // success means idle: the callback has run
   }
 
   bool wakes_sleepers() const noexcept override { return true; }
@@ -235,6 +267,15 @@ class callback_markers final : public marker_source {
   void release(const marker&) noexcept override {}
 
   void retire(bool device_done) noexcept override { free_cell_ = device_done; }
+
+  bool reached_all() const noexcept override {
+    return cell_->done.load(std::memory_order_acquire) >= issued_;
+  }
+
+  void reset() noexcept override {
+    cell_->done.store(0, std::memory_order_release);  // every callback has run
+    issued_ = 0;
+  }
 
  private:
   bool reached(const marker& m) const noexcept {

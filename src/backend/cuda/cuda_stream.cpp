@@ -73,12 +73,27 @@ cuda_stream::cuda_stream(cuda_device& device, CUstream handle, std::unique_ptr<m
 cuda_stream::~cuda_stream() {
   current_context cur(*ctx_);
   // Memory the device writes markers into is freed only once it cannot be written any more.
-  const bool done = ctx_->lost() || ctx_->api.cuStreamQuery(stream_) == CUDA_SUCCESS;
+  // A detached stream may be gone already: its markers tell instead.
+  const bool done = ctx_->lost() ||
+                    (detached_.load(std::memory_order_acquire) ? markers_->reached_all() : ctx_->api.cuStreamQuery(stream_) == CUDA_SUCCESS);
   markers_->retire(done);
   markers_.reset();
   // Returns at once; the driver frees the stream when its work is done. An adopted stream
   // belongs to its library.
   if (owned_) ctx_->api.cuStreamDestroy(stream_);
+}
+
+bool cuda_stream::recycle() noexcept {
+  if (!owned_ || ctx_->lost() || !markers_->reached_all() ||
+      faults_->first.load(std::memory_order_acquire) != ~std::uint64_t{0})
+    return false;
+  {
+    std::lock_guard lock(poll_error_mutex_);
+    if (poll_error_ != CUDA_SUCCESS) return false;
+  }
+  markers_->reset();
+  last_failed_.store(0, std::memory_order_relaxed);
+  return true;
 }
 
 std::string cuda_stream::lost_detail() const {

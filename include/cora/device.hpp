@@ -122,10 +122,11 @@ class device {
 
   // --- streams and events --------------------------------------------------------------------
 
-  /// A new stream, taken from a pool of created streams (a dropped stream goes back to it once
-  /// its work is done), so it does not wait for the driver. Beyond the pool (32 streams per
-  /// device, refilled on a cora thread), a stream is created on the calling thread, and a CUDA
-  /// context that already has a few dozen streams may wait for running kernels to make one.
+  /// A new stream, taken from a pool of created streams (32 per device, made on a cora thread
+  /// when the device opens; a dropped stream goes back to it once its work is done), so it
+  /// does not wait for the driver. With more streams alive at once than the pool holds, the
+  /// extra ones are created on the calling thread, and a CUDA context that already has a few
+  /// dozen streams may wait for running kernels to make one.
   cora::stream make_stream(const stream_options& options = {});
   /// A cora stream around a native stream of another library (a CUstream on CUDA), borrowed:
   /// cora never destroys it. Work on it is ordered with the other library's work on the same

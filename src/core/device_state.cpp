@@ -490,22 +490,16 @@ std::unique_ptr<backend::stream> device_state::take_stream(int priority, std::er
     ec = h;
     return nullptr;
   }
+  // The pool is made when the device opens and refilled by drained streams only: a CUDA
+  // context that creates streams beyond its first few dozen waits for running kernels, and
+  // while it waits the driver holds other threads' calls too, so no cora thread creates
+  // streams in the background once work may run.
   std::unique_ptr<backend::stream> s;
-  bool refill = false;
   {
     std::lock_guard lock(spare_mutex_);
     if (!spare_streams_.empty()) {
       s = std::move(spare_streams_.back());
       spare_streams_.pop_back();
-    }
-    if (spare_streams_.size() < stream_pool_size / 2 && !refilling_) refill = refilling_ = true;
-  }
-  if (refill) {
-    try {
-      asio::post(device_wait_pool(), [self = shared_from_this()] { self->refill_streams(); });
-    } catch (...) {
-      std::lock_guard lock(spare_mutex_);
-      refilling_ = false;
     }
   }
   if (s) {

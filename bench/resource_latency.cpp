@@ -6,8 +6,10 @@
 //
 // cora: device.alloc (4 MiB) and its drop, alloc_host (64 KiB) and its drop, make_stream and
 // the stream's destruction, an event made and destroyed, the drop of the last handle of an
-// unused binary, the load_binary call itself (it completes later), and a 4 KiB copy that
-// brings its own buffers (allocate, copy, await, drop).
+// unused binary, the load_binary call itself (it completes later), a 4 KiB copy that brings
+// its own buffers (allocate, copy there and back, drop: the calls; the copies are awaited
+// outside the timing), and for information the same with its await timed (the copies' round
+// trip through the device, so the wait policy's wake-up counts).
 // raw (GPU, same run, same kernel running): cuMemAlloc, cuMemFree, cuMemAllocAsync and
 // cuMemFreeAsync on a stream of its own, cuMemHostAlloc, cuMemFreeHost, cuStreamCreate,
 // cuStreamDestroy. raw (CPU device): malloc and free of the same sizes.
@@ -122,6 +124,18 @@ void cora_call(benchmark::State& state, std::size_t index, const std::string& wh
            [&](int i) { (void)made[i].wait(); });
   } else if (what == "copy_4k") {
     auto other = d.make_stream();
+    std::vector<cora::pending<void>> made(static_cast<std::size_t>(n));
+    sample(state, busy, nothing,
+           [&](int i) {
+             auto h = d.alloc_host<std::byte>(4096);
+             auto dv = d.alloc<std::byte>(4096);
+             std::memset(h.data(), 1, 4096);
+             (void)other.copy(dv, h);
+             made[i] = other.copy(h, dv);
+           },  // the buffers' drops: the copies keep them until they have run
+           [&](int i) { made[i].wait(); });
+  } else if (what == "copy_4k_round_trip") {
+    auto other = d.make_stream();
     sample(state, busy, nothing,
            [&](int) {
              auto h = d.alloc_host<std::byte>(4096);
@@ -216,7 +230,7 @@ const bool registered = cb::at_start([] {
   for (const auto& d : cb::devices()) {
     const std::string base = "resource/" + d.tag + "/";
     for (const char* what : {"alloc", "free", "alloc_host", "free_host", "make_stream", "destroy_stream",
-                             "event", "drop_binary", "load_binary_call", "copy_4k"})
+                             "event", "drop_binary", "load_binary_call", "copy_4k", "copy_4k_round_trip"})
       cb::register_once(base + what + "/cora", cora_call, d.index, std::string(what));
 #if defined(CORA_HAS_CUDA)
     if (d.backend == cora::backend_kind::cuda) {

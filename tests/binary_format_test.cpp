@@ -118,6 +118,29 @@ TEST(binary_format, EveryChangedByteOfAnImageFailsItsChecksum) {
     }
 }
 
+// A loader checks only the image it picks: a flipped byte in another image leaves the others
+// loadable, and the damaged one fails its own check.
+TEST(binary_format, EachImageIsCheckedOnItsOwn) {
+  std::vector<corabin_input> images{{binary_kind::cuda_ptx, 0, bytes_of(".version 8.0\n.target sm_90\n// a")},
+                                    {binary_kind::cuda_ptx, 0, bytes_of(".version 8.0\n.target sm_80\n// b")}};
+  auto c = write_corabin(images, {});
+  std::error_code ec;
+  std::string message;
+  const auto good = parse_corabin(c, ec, message);
+  ASSERT_FALSE(ec) << message;
+  const auto offset = static_cast<std::size_t>(good.images[1].bytes.data() - c.data());
+  c[offset + good.images[1].bytes.size() - 1] ^= std::byte{0x01};
+  parse_corabin(c, ec, message);  // every image checked: the damage is found
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+  const auto lazy = parse_corabin(c, ec, message, false);
+  ASSERT_FALSE(ec) << message;
+  ASSERT_EQ(lazy.images.size(), 2u);
+  EXPECT_TRUE(verify_corabin_image(lazy.images[0], ec, message)) << message;
+  EXPECT_FALSE(verify_corabin_image(lazy.images[1], ec, message));
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+  EXPECT_NE(message.find("image 1 fails its checksum"), std::string::npos) << message;
+}
+
 TEST(binary_format, EveryChangedByteOfTheMetadataIsRejected) {
   // Header, image table and kernel records are covered too: an edited parameter size or
   // alignment must not pass for the image's own (issue 18, item 1).

@@ -140,7 +140,9 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
   corabin container;
   switch (kind) {
     case binary_kind::corabin: {
-      container = parse_corabin(bytes, ec, message);
+      // Only the image this device runs is hashed: a container may carry a large image for
+      // another device, which this load never reads.
+      container = parse_corabin(bytes, ec, message, false);
       if (ec) return nullptr;
       const corabin_image* img = pick_image(container, *dev);
       if (!img) {
@@ -150,6 +152,7 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
         message = "the container has no image for " + device_label(*dev) + " (it holds: " + have + ")";
         return nullptr;
       }
+      if (!verify_corabin_image(*img, ec, message)) return nullptr;
       image = img->bytes;
       image_kind = img->kind;
       declared = container.kernels;

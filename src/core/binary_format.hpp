@@ -36,6 +36,8 @@ struct corabin_image {
   binary_kind kind = binary_kind::unknown;
   std::uint32_t arch = 0;  // CUDA: 10 * major + minor of a cubin; 0 otherwise
   std::span<const std::byte> bytes;
+  std::uint32_t index = 0;      // its place in the container's image table
+  std::uint64_t checksum = 0;   // what the table says the bytes hash to
 };
 
 /// A parsed .corabin container (views into the caller's bytes).
@@ -44,8 +46,15 @@ struct corabin {
   std::vector<backend::kernel_desc> kernels;  // metadata shared by every image
 };
 
-/// Parses and validates a .corabin container.
-corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std::string& message);
+/// Parses and validates a .corabin container: its header, table and records (and their
+/// checksum) always; the images' checksums too unless `verify_images` is false, for a loader
+/// that checks only the image it picks (verify_corabin_image) rather than hash every image.
+corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std::string& message,
+                      bool verify_images = true);
+
+/// Checks one image of a parsed container against its checksum; false with `ec`
+/// (errc::invalid_binary) and `message` if it fails.
+bool verify_corabin_image(const corabin_image& image, std::error_code& ec, std::string& message);
 
 /// An image to put into a container.
 struct corabin_input {

@@ -44,8 +44,8 @@ struct buffers {
   cora::device_buffer<std::uint32_t> flag;  // written by the sleep kernel
   std::size_t capacity = 0;                 // elements per vector
 
-  void reserve(cora::device& d, std::size_t n) {
-    if (n <= capacity) return;
+  // Once per launch, for its `n` elements per vector: x, y and the result are packed at n.
+  void allocate(cora::device& d, std::size_t n) {
     dev = d.alloc<float>(3 * n);
     host = d.alloc_host<float>(3 * n);
     capacity = n;
@@ -630,7 +630,7 @@ struct server::impl {
         if (!b.flag) b.flag = dev.alloc<std::uint32_t>(1);
         done = s.launch(k_slow, {}, first.sleep_us, b.flag);
       } else {
-        b.reserve(dev, total);
+        b.allocate(dev, total);
         std::byte* hx = reinterpret_cast<std::byte*>(b.host_in());
         std::byte* hy = hx + 4 * total;
         for (const member& m : l->members) {

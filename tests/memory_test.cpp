@@ -8,11 +8,16 @@
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
+#include "backend/cpu/cpu_memory.hpp"
 #include "core/state.hpp"
 #include "support/alloc_counter.hpp"
 #include "support/device_fixture.hpp"
@@ -428,6 +433,42 @@ TEST_P(memory_test, NativeHandles) {
     EXPECT_NE(dev().native_handle(), nullptr);
   }
   EXPECT_CORA_ERROR(dev().adopt_stream(nullptr), errc::invalid_argument);
+}
+
+// The CPU device's allocator keeps the pages of small frees (a request-sized buffer allocated
+// and dropped per request must not cost a TLB flush and page faults each time), gives a large
+// buffer's pages back at once, and gives the kept ones back on trim.
+TEST(cpu_device_memory, SmallFreesKeepTheirPagesLargeOnesGiveThemBack) {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  auto resident_pages = [&](void* p, std::size_t bytes) {
+    std::vector<unsigned char> v((bytes + page - 1) / page);
+    EXPECT_EQ(::mincore(p, bytes, v.data()), 0);
+    std::size_t n = 0;
+    for (unsigned char c : v) n += c & 1;
+    return n;
+  };
+  cora::backend::cpu::device_memory mem(std::size_t{64} << 20);
+  std::error_code ec;
+  const std::size_t small = 64 << 10, large = cora::backend::cpu::device_memory::release_threshold * 4;
+  void* s = mem.allocate(small, ec);
+  ASSERT_FALSE(ec);
+  void* l = mem.allocate(large, ec);
+  ASSERT_FALSE(ec);
+  std::memset(s, 1, small);
+  std::memset(l, 1, large);
+  ASSERT_EQ(resident_pages(s, small), small / page);
+  ASSERT_EQ(resident_pages(l, large), large / page);
+  mem.deallocate(s);
+  mem.deallocate(l);
+  EXPECT_EQ(resident_pages(s, small), small / page);  // kept for the next allocation
+  EXPECT_EQ(resident_pages(l, large), 0u);
+  EXPECT_EQ(mem.in_use(), 0u);
+  void* again = mem.allocate(small, ec);  // best fit from the start: the kept pages again
+  ASSERT_FALSE(ec);
+  EXPECT_EQ(again, s);
+  mem.deallocate(again);
+  mem.release_free_pages();
+  EXPECT_EQ(resident_pages(s, small), 0u);
 }
 
 }  // namespace

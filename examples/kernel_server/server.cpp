@@ -34,24 +34,27 @@ constexpr asio::experimental::as_tuple_t<cora::use_task_t> try_task{};
 // ---------------------------------------------------------------------------------------------
 // Streams and buffers
 
-/// The buffers one launch needs. A launch owns them until its device work has completed, so
-/// its host buffers are never written while the device may still read them.
+/// The buffers one launch needs: one device and one pinned allocation, each laid out as x, y,
+/// then the result (add's; saxpy updates y in place), so that a launch costs the pools two
+/// allocations. A launch owns them until its device work has completed, so its host buffer is
+/// never written while the device may still read it.
 struct buffers {
-  cora::device_buffer<float> in;   // x then y
-  cora::device_buffer<float> out;  // add's result (saxpy updates y in place)
-  cora::host_buffer<float> host_in, host_out;
+  cora::device_buffer<float> dev;
+  cora::host_buffer<float> host;
   cora::device_buffer<std::uint32_t> flag;  // written by the sleep kernel
   std::size_t capacity = 0;                 // elements per vector
 
-  void reserve(cora::device& dev, std::size_t n) {
-    if (n <= capacity) return;
-    const std::size_t cap = std::max({n, capacity * 2, std::size_t{4096}});
-    in = dev.alloc<float>(2 * cap);
-    out = dev.alloc<float>(cap);
-    host_in = dev.alloc_host<float>(2 * cap);
-    host_out = dev.alloc_host<float>(cap);
-    capacity = cap;
+  // Once per launch, for its `n` elements per vector: x, y and the result are packed at n.
+  void allocate(cora::device& d, std::size_t n) {
+    dev = d.alloc<float>(3 * n);
+    host = d.alloc_host<float>(3 * n);
+    capacity = n;
   }
+  float* x() const noexcept { return dev.data(); }
+  float* y() const noexcept { return dev.data() + capacity; }
+  float* out() const noexcept { return dev.data() + 2 * capacity; }
+  float* host_in() const noexcept { return host.data(); }  // x then y
+  float* host_out() const noexcept { return host.data() + 2 * capacity; }
 };
 
 /// The device streams. A stream is not held while its work runs: each launch is enqueued on
@@ -627,8 +630,8 @@ struct server::impl {
         if (!b.flag) b.flag = dev.alloc<std::uint32_t>(1);
         done = s.launch(k_slow, {}, first.sleep_us, b.flag);
       } else {
-        b.reserve(dev, total);
-        std::byte* hx = reinterpret_cast<std::byte*>(b.host_in.data());
+        b.allocate(dev, total);
+        std::byte* hx = reinterpret_cast<std::byte*>(b.host_in());
         std::byte* hy = hx + 4 * total;
         for (const member& m : l->members) {
           const job& j = m.c->current;
@@ -637,17 +640,17 @@ struct server::impl {
           hx += 4 * j.n;
           hy += 4 * j.n;
         }
-        float* x = b.in.data();
-        float* y = x + total;
-        (void)s.copy(x, b.host_in.data(), 2 * total * sizeof(float));
+        float* x = b.x();
+        float* y = b.y();
+        (void)s.copy(x, b.host_in(), 2 * total * sizeof(float));
         const auto cfg = config_for(total);
         const auto n = static_cast<std::uint64_t>(total);
         if (first.op == proto::op::add) {
-          (void)s.launch(k_add, cfg, x, y, b.out.data(), n);
-          done = s.copy(b.host_out.data(), b.out.data(), total * sizeof(float));
+          (void)s.launch(k_add, cfg, x, y, b.out(), n);
+          done = s.copy(b.host_out(), b.out(), total * sizeof(float));
         } else {
           (void)s.launch(k_saxpy, cfg, first.a, x, y, n, first.rounds);
-          done = s.copy(b.host_out.data(), y, total * sizeof(float));
+          done = s.copy(b.host_out(), y, total * sizeof(float));
         }
       }
     } catch (const cora::error&) {
@@ -678,7 +681,7 @@ struct server::impl {
       l->lane->stream.synchronize().async_wait(
           asio::bind_executor(w.ctx.get_executor(), [](std::error_code) {}));
     }
-    const float* out = l->buf->host_out ? l->buf->host_out.data() : nullptr;
+    const float* out = l->buf->host ? l->buf->host_out() : nullptr;
     for (const member& m : l->members) {
       connection& c = *m.c;
       if (!c.parked_for(m.ticket)) continue;  // answered by its deadline

@@ -116,8 +116,9 @@ class device {
   std::size_t memory_in_use() const noexcept;
   /// Bytes in use and reserved by the device's memory pools.
   cora::memory_stats memory_stats() const noexcept;
-  /// Returns cached pool memory to the system: device memory beyond `keep` bytes (and wholly
-  /// free pinned slabs, on a cora thread). Never waits for device work.
+  /// Returns cached pool memory to the system: device memory beyond `keep` bytes (on the CPU
+  /// device, every free page, `keep` aside), and wholly free pinned slabs, on a cora thread.
+  /// Never waits for device work.
   void trim_memory(std::size_t keep = 0) noexcept;
 
   // --- streams and events --------------------------------------------------------------------

@@ -588,6 +588,8 @@ void* cpu_device::alloc(std::size_t bytes, std::error_code& ec) {
 
 void cpu_device::free(void* p) noexcept { memory_.deallocate(p); }
 
+void cpu_device::trim(std::size_t) noexcept { memory_.release_free_pages(); }
+
 void* cpu_device::alloc_host(std::size_t bytes, std::error_code& ec) {
   if (bytes == 0) {
     ec = make_error_code(errc::invalid_argument);

@@ -62,10 +62,15 @@ void device_memory::deallocate(void* p) noexcept {
   used_.erase(u);
   in_use_ -= size;
 
-  // Give whole pages back, so a freed buffer costs no memory.
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const std::uintptr_t lo = (start + page - 1) / page * page, hi = (start + size) / page * page;
-  if (hi > lo) ::madvise(base_ + lo, hi - lo, MADV_DONTNEED);
+  // Give a large buffer's whole pages back, so that it costs no memory once freed. A small one
+  // keeps its pages for the next allocation: madvise flushes the TLB of every core running
+  // this process (an interprocessor interrupt each), and the pages then fault in again, which
+  // made allocation per request cost more than the request (the kernel server).
+  if (size >= release_threshold) {
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const std::uintptr_t lo = (start + page - 1) / page * page, hi = (start + size) / page * page;
+    if (hi > lo) ::madvise(base_ + lo, hi - lo, MADV_DONTNEED);
+  }
 
   // Coalesce with neighbours.
   auto next = free_.lower_bound(start);
@@ -92,6 +97,15 @@ void device_memory::deallocate(void* p) noexcept {
     }
   }
   insert_free(start, size);
+}
+
+void device_memory::release_free_pages() noexcept {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  std::lock_guard lock(mutex_);
+  for (const auto& [start, size] : free_) {
+    const std::uintptr_t lo = (start + page - 1) / page * page, hi = (start + size) / page * page;
+    if (hi > lo) ::madvise(base_ + lo, hi - lo, MADV_DONTNEED);
+  }
 }
 
 std::size_t device_memory::in_use() const noexcept {

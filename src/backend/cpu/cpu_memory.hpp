@@ -19,8 +19,12 @@ class device_memory {
   device_memory& operator=(const device_memory&) = delete;
 
   void* allocate(std::size_t bytes, std::error_code& ec);
-  /// Frees an allocation and returns its pages to the system.
+  /// Frees an allocation. One of at least release_threshold bytes returns its pages to the
+  /// system; a smaller one keeps them (resident) for the next allocation.
   void deallocate(void* p) noexcept;
+  static constexpr std::size_t release_threshold = std::size_t{1} << 20;
+  /// Returns the pages of every free range to the system (those small frees kept).
+  void release_free_pages() noexcept;
   std::size_t capacity() const noexcept { return capacity_; }
   bool contains(const void* p) const noexcept {
     return static_cast<const std::byte*>(p) >= base_ && static_cast<const std::byte*>(p) < base_ + capacity_;

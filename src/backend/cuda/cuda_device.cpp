@@ -100,7 +100,6 @@ cuda_device::~cuda_device() {
 }
 
 void cuda_device::shutdown() noexcept {
-  std::lock_guard lock(alloc_mutex_);
   if (!memory_stream_) return;
   current_context cur(*ctx_);
   // Frees still queued complete first; the pool itself stays (memory handed out may still be
@@ -124,8 +123,9 @@ void* cuda_device::alloc(std::size_t bytes, std::error_code& ec) {
   if (cur && pool_) {
     // The internal stream runs only allocations and frees, whose memory no op uses any more,
     // so its synchronize returns as soon as the allocation is made: it never waits for a
-    // kernel. After it, every stream may use the memory.
-    std::lock_guard lock(alloc_mutex_);
+    // kernel. After it, every stream may use the memory. No lock: the driver's calls are
+    // thread-safe, and one held across the synchronize made every thread's allocations queue
+    // behind one another (the kernel server allocates per request on every worker).
     r = ctx_->api.cuMemAllocFromPoolAsync(&p, bytes, pool_, memory_stream_);
     if (r == CUDA_SUCCESS) {
       r = ctx_->api.cuStreamSynchronize(memory_stream_);

@@ -87,7 +87,6 @@ class cuda_device final : public device {
   // no memory pools, and cuMemAlloc/cuMemFree are used (they may wait for the device).
   CUmemoryPool pool_ = nullptr;
   CUstream memory_stream_ = nullptr;
-  std::mutex alloc_mutex_;
 
   std::shared_ptr<context> ctx_;
   device_info info_;

@@ -187,6 +187,43 @@ TEST_P(acl_stream_test, ValueWriteAndWaitWithTimeout) {
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 
+TEST_P(acl_stream_test, ValueWaitHoldsTheStreamUntilAValueWriteOfAnother) {
+  void* word = dmalloc(8);
+  void* flag = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(word, 8, 0, 8), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemset(flag, 8, 0, 8), ACL_SUCCESS);
+  aclrtStream s = nullptr, writer = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 2, 0 /* GEQ */, s), ACL_SUCCESS) << aclGetRecentErrMsg();
+  ASSERT_EQ(aclrtValueWrite(flag, 1, 0, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(word, 1, 0, writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(writer), ACL_SUCCESS);
+  aclrtStreamStatus status = ACL_STREAM_STATUS_RESERVED;
+  ASSERT_EQ(aclrtStreamQuery(s, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_STREAM_STATUS_NOT_READY);  // 1 < 2: still waiting
+  EXPECT_EQ(download<uint64_t>(flag, 1)[0], 0u);
+  ASSERT_EQ(aclrtValueWrite(word, 2, 0, writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(download<uint64_t>(flag, 1)[0], 1u);
+
+  // EQ, AND, NOR on a word that satisfies them (it holds 2).
+  ASSERT_EQ(aclrtValueWait(word, 2, 1, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 3, 2, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 1, 3, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+
+  EXPECT_EQ(aclrtValueWait(nullptr, 0, 0, s), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtValueWait(word, 0, 4, s), ACL_ERROR_INVALID_PARAM);
+  uint64_t pageable = 0;
+  EXPECT_EQ(aclrtValueWait(&pageable, 0, 0, s), ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_EQ(aclrtValueWait(static_cast<char*>(word) + 4, 0, 0, s), ACL_ERROR_RT_PARAM_INVALID);
+  int not_a_stream = 0;
+  EXPECT_EQ(aclrtValueWait(word, 0, 0, &not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtDestroyStream(writer), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
 TEST_P(acl_stream_test, DestroyWaitsAndForceDoesNot) {
   aclrtStream s = nullptr;
   ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);

@@ -269,10 +269,6 @@ aclError aclmdlRITaskDisable(aclmdlRITask task) {
   return refuse(__func__, "model dumps belong to CANN's graph engine");
 }
 
-aclError aclrtValueWait(void* devAddr, uint64_t value, uint32_t flag, aclrtStream stream) {
-  return refuse(__func__, "stream waits on a memory value are not implemented in cora's core");
-}
-
 aclError aclrtCreateNotify(aclrtNotify* notify, uint64_t flag) {
   return refuse(__func__, "Ascend notify objects do not exist on cora's devices");
 }

@@ -411,7 +411,22 @@ aclError aclrtValueWrite(void* devAddr, uint64_t value, uint32_t flag, aclrtStre
     CORA_ACL_REQUIRE(flag == 0, "flag is reserved and must be 0");
     std::shared_ptr<stream_obj> s;
     if (aclError e = resolve_stream(api, stream, s)) return e;
-    auto p = s->s.copy(devAddr, &value, sizeof(value));  // a host source is read before the call returns
+    // One 64-bit store in stream order, which an aclrtValueWait of another stream sees whole.
+    auto p = s->s.write_value(static_cast<std::uint64_t*>(devAddr), value);
+    return check_enqueued(api, p);
+  });
+}
+
+aclError aclrtValueWait(void* devAddr, uint64_t value, uint32_t flag, aclrtStream stream) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(devAddr, "devAddr is NULL");
+    // CANN's ACL_VALUE_WAIT_GEQ, _EQ, _AND, _NOR: the values of cora::wait_condition.
+    CORA_ACL_REQUIRE(flag <= 3u, "flag must be 0 (GEQ), 1 (EQ), 2 (AND) or 3 (NOR)");
+    std::shared_ptr<stream_obj> s;
+    if (aclError e = resolve_stream(api, stream, s)) return e;
+    auto p = s->s.wait_value(static_cast<const std::uint64_t*>(devAddr), value,
+                             static_cast<cora::wait_condition>(flag));
     return check_enqueued(api, p);
   });
 }

@@ -195,6 +195,25 @@ class stream {
   /// when it cannot serve again (a fault was recorded, the context is lost...).
   virtual bool recycle() noexcept { return false; }
 
+  /// Later work waits until the `wide` (64-bit, else 32-bit) word at `addr` (device memory or
+  /// pinned host memory, naturally aligned) satisfies `condition` against `value`: 0 (signed)
+  /// (*addr - value) >= 0, 1 *addr == value, 2 (*addr & value) != 0, 3 ~(*addr | value) != 0
+  /// (cora::wait_condition, CUDA's CU_STREAM_WAIT_VALUE_*). Fails with ec when it cannot.
+  virtual void wait_value(std::uint64_t seq, const void* addr, std::uint64_t value,
+                          unsigned condition, bool wide, std::error_code& ec, std::string& message) {
+    (void)seq, (void)addr, (void)value, (void)condition, (void)wide;
+    ec = make_error_code(errc::not_supported);
+    message = "this backend cannot wait for a memory value";
+  }
+  /// Writes the `wide` (64-bit, else 32-bit) word `value` at `addr` (as wait_value) as op `seq`,
+  /// in one store that a wait_value of another stream observes whole.
+  virtual void write_value(std::uint64_t seq, void* addr, std::uint64_t value, bool wide,
+                           std::error_code& ec, std::string& message) {
+    (void)seq, (void)addr, (void)value, (void)wide;
+    ec = make_error_code(errc::not_supported);
+    message = "this backend cannot write a memory value";
+  }
+
   /// Enqueues one launch of an instantiated graph of this stream's device as op `seq`.
   virtual void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
                             std::string& message) {

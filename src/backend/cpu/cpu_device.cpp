@@ -76,6 +76,24 @@ bool aborted(const op* o) noexcept {
          (o->parent && __atomic_load_n(&o->parent->abort, __ATOMIC_RELAXED) != 0);
 }
 
+// Whether a value wait's condition holds now (conditions as backend::stream::wait_value).
+bool value_met(const op* o) noexcept {
+  const bool wide = o->bytes == 8;
+  const std::uint64_t v =
+      wide ? __atomic_load_n(reinterpret_cast<const std::uint64_t*>(o->src), __ATOMIC_ACQUIRE)
+           : __atomic_load_n(reinterpret_cast<const std::uint32_t*>(o->src), __ATOMIC_ACQUIRE);
+  const std::uint64_t mask = wide ? ~std::uint64_t{0} : 0xffffffffu;
+  const std::uint64_t want = o->compare & mask;
+  switch (o->value) {
+    case 0:  // cyclic "at least": the difference, as a signed word, is not negative
+      return wide ? static_cast<std::int64_t>(v - want) >= 0
+                  : static_cast<std::int32_t>(static_cast<std::uint32_t>(v - want)) >= 0;
+    case 1: return v == want;
+    case 2: return (v & want) != 0;
+    default: return (~(v | want) & mask) != 0;
+  }
+}
+
 std::error_code status_code(int status) {
   switch (status) {
     case CORA_CPU_TIMEOUT: return make_error_code(errc::kernel_timeout);
@@ -168,6 +186,7 @@ void op::reset() noexcept {
   bytes = 0;
   chunk = 0;
   value = 0;
+  compare = 0;
   entry = nullptr;
   // A launch's argument block is small: kept. A large one (a pageable copy's snapshot) is freed.
   if (args.capacity() > recycled_args_capacity)
@@ -525,6 +544,31 @@ void cpu_stream::wait(std::uint64_t seq, event& ev) {
   push(o);
 }
 
+void cpu_stream::wait_value(std::uint64_t seq, const void* addr, std::uint64_t value,
+                            unsigned condition, bool wide, std::error_code& ec, std::string&) {
+  auto* o = device_.ops().take();
+  o->k = op::kind::value_wait;
+  o->seq = seq;
+  o->src = static_cast<const std::byte*>(addr);
+  o->bytes = wide ? 8 : 4;
+  o->value = static_cast<std::uint8_t>(condition);
+  o->compare = value;
+  ec.clear();
+  push(o);
+}
+
+void cpu_stream::write_value(std::uint64_t seq, void* addr, std::uint64_t value, bool wide,
+                             std::error_code& ec, std::string&) {
+  auto* o = device_.ops().take();
+  o->k = op::kind::value_write;
+  o->seq = seq;
+  o->dst = static_cast<std::byte*>(addr);
+  o->bytes = wide ? 8 : 4;
+  o->compare = value;
+  ec.clear();
+  push(o);
+}
+
 marker cpu_stream::record_marker(std::uint64_t seq) {
   device_.count_marker();
   return {seq, nullptr};
@@ -693,6 +737,80 @@ void cpu_device::shutdown() noexcept {
     mark_shut_down(o);
     if (o->pieces.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(o);
   }
+  // Value waits end too: their condition may never hold.
+  std::vector<op*> waits;
+  {
+    std::lock_guard lock(value_mutex_);
+    value_stop_ = true;
+    waits.swap(value_waits_);
+  }
+  value_cv_.notify_all();
+  for (op* o : waits) abandon(o);
+  if (value_thread_.joinable() && value_thread_.get_id() != std::this_thread::get_id())
+    value_thread_.join();
+}
+
+void cpu_device::watch_value(op* o) {
+  {
+    std::lock_guard lock(value_mutex_);
+    if (!value_stop_) {
+      try {
+        if (!value_thread_.joinable()) value_thread_ = std::thread([this] { watch_values(); });
+        value_waits_.push_back(o);
+        o = nullptr;
+      } catch (const std::exception& e) {
+        o->status.store(CORA_CPU_EXCEPTION, std::memory_order_release);
+        o->message = std::string("cannot watch the value: ") + e.what();
+      }
+    } else {
+      mark_shut_down(o);
+    }
+  }
+  if (o) {
+    finish(o);
+    return;
+  }
+  value_cv_.notify_one();
+}
+
+void cpu_device::watch_values() noexcept {
+  // Polled, as a GPU's front end polls the word: the pause doubles from 1 us up to 500 us while
+  // nothing changes, and starts again at 1 us when a wait ends or a new one comes.
+  constexpr auto first_pause = std::chrono::microseconds(1);
+  constexpr auto longest_pause = std::chrono::microseconds(500);
+  auto pause = first_pause;
+  std::vector<op*> done;
+  std::unique_lock lock(value_mutex_);
+  while (!value_stop_) {
+    const bool gone = lost();
+    std::size_t kept = 0;
+    for (op* o : value_waits_) {
+      if (gone || value_met(o))
+        done.push_back(o);  // on a lost device, finished() fails it
+      else
+        value_waits_[kept++] = o;
+    }
+    value_waits_.resize(kept);
+    if (!done.empty()) {
+      lock.unlock();
+      for (op* o : done) finish(o);
+      done.clear();
+      lock.lock();
+      pause = first_pause;
+      continue;
+    }
+    if (value_waits_.empty()) {
+      value_cv_.wait(lock, [&] { return value_stop_ || !value_waits_.empty(); });
+      pause = first_pause;
+      continue;
+    }
+    const std::size_t before = value_waits_.size();
+    value_cv_.wait_for(lock, pause);
+    if (value_waits_.size() != before)
+      pause = first_pause;
+    else
+      pause = std::min<std::chrono::microseconds>(pause * 2, longest_pause);
+  }
 }
 
 void cpu_device::abandon(op* o) noexcept {
@@ -739,7 +857,14 @@ void cpu_device::start(op* o) {
     }
     case op::kind::host_func:
     case op::kind::record:
+    case op::kind::value_write:
       if (!pool_.submit(o, 1)) abandon(o);
+      return;
+    case op::kind::value_wait:
+      if (value_met(o))
+        finish(o);
+      else
+        watch_value(o);
       return;
     case op::kind::graph:
       if (op* child = next_graph_op(o))
@@ -807,8 +932,16 @@ void cpu_device::execute(op* o, unsigned worker) {
     case op::kind::record:
       o->ev->stamp_ns.store(now_ns(), std::memory_order_release);
       return;
+    case op::kind::value_write:
+      if (o->bytes == 8)
+        __atomic_store_n(reinterpret_cast<std::uint64_t*>(o->dst), o->compare, __ATOMIC_RELEASE);
+      else
+        __atomic_store_n(reinterpret_cast<std::uint32_t*>(o->dst),
+                         static_cast<std::uint32_t>(o->compare), __ATOMIC_RELEASE);
+      return;
     case op::kind::wait:
     case op::kind::graph:
+    case op::kind::value_wait:
       return;
   }
 }

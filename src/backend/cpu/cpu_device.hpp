@@ -54,7 +54,7 @@ struct cpu_event final : event {
 
 /// One unit of stream work. Launches and large copies run as several pieces on the pool.
 struct op {
-  enum class kind : std::uint8_t { copy, fill, launch, host_func, record, wait, graph };
+  enum class kind : std::uint8_t { copy, fill, launch, host_func, record, wait, graph, value_wait, value_write };
   /// A fault injected into this op when it was enqueued (see fault_injection).
   enum class injected : std::uint8_t { none, copy_fault, trap, stuck };
   kind k = kind::copy;
@@ -66,7 +66,8 @@ struct op {
   const std::byte* src = nullptr;
   std::size_t bytes = 0;
   std::size_t chunk = 0;
-  std::uint8_t value = 0;
+  std::uint8_t value = 0;     // a fill's byte; a value wait's condition
+  std::uint64_t compare = 0;  // a value wait's operand, a value write's value
 
   cora_cpu_entry_fn entry = nullptr;
   std::vector<std::byte> args;      // launch argument block, or a snapshot of a pageable source
@@ -206,6 +207,10 @@ class cpu_stream final : public stream {
   void wait(std::uint64_t seq, event& ev) override;
   void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
                     std::string& message) override;
+  void wait_value(std::uint64_t seq, const void* addr, std::uint64_t value, unsigned condition,
+                  bool wide, std::error_code& ec, std::string& message) override;
+  void write_value(std::uint64_t seq, void* addr, std::uint64_t value, bool wide,
+                   std::error_code& ec, std::string& message) override;
 
   marker record_marker(std::uint64_t seq) override;
   marker_state query(const marker& m) override;
@@ -294,6 +299,11 @@ class cpu_device final : public device {
   void execute(op* o, unsigned worker);
   void run_slice(op* o, std::uint32_t slice);
   void run_injected(op* o);
+  /// Hands a value wait whose condition does not hold yet to the value watcher.
+  void watch_value(op* o);
+  /// The value watcher's thread: polls the waiting ops with a growing pause, finishes those
+  /// whose condition holds (or whose device was lost), until the device shuts down.
+  void watch_values() noexcept;
 
   device_info info_;
   device_memory memory_;
@@ -303,6 +313,13 @@ class cpu_device final : public device {
   fault_injection faults_;
   std::mutex streams_mutex_;
   std::set<cpu_stream*> streams_;
+  // Value waits whose condition did not hold when they started, polled by value_thread_
+  // (started at the first such wait), so that no worker is held by a wait.
+  std::mutex value_mutex_;
+  std::condition_variable value_cv_;
+  std::vector<op*> value_waits_;
+  bool value_stop_ = false;
+  std::thread value_thread_;
   op_pool ops_;  // before pool_: workers give ops back until they are joined
   worker_pool pool_;  // last: its threads use the members above
 };

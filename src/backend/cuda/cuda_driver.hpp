@@ -57,6 +57,9 @@ namespace cora::backend::cuda {
   X(cuStreamSynchronize, 2000)         \
   X(cuStreamWaitEvent, 3020)           \
   X(cuStreamWriteValue32, 11070)       \
+  X(cuStreamWriteValue64, 11070)       \
+  X(cuStreamWaitValue32, 11070)        \
+  X(cuStreamWaitValue64, 11070)        \
   X(cuLaunchHostFunc, 10000)           \
   X(cuEventCreate, 2000)               \
   X(cuEventDestroy, 4000)              \

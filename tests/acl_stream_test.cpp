@@ -110,8 +110,6 @@ TEST_P(acl_stream_test, FailureModeAndAttributes) {
   ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
   EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_CONTINUE_ON_FAILURE), ACL_SUCCESS);
   EXPECT_EQ(aclrtSetStreamFailureMode(s, 7), ACL_ERROR_INVALID_PARAM);  // no such mode
-  EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
-  EXPECT_NE(std::string(aclGetRecentErrMsg()).find("STOP_ON_FAILURE"), std::string::npos);
   int stale = 0;
   EXPECT_EQ(aclrtSetStreamFailureMode(&stale, ACL_CONTINUE_ON_FAILURE), ACL_ERROR_RT_INVALID_HANDLE);
   aclrtStreamAttrValue v{};
@@ -124,6 +122,40 @@ TEST_P(acl_stream_test, FailureModeAndAttributes) {
   EXPECT_EQ(aclrtSetStreamAttribute(s, static_cast<aclrtStreamAttr>(7), &v), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtGetStreamAttribute(s, static_cast<aclrtStreamAttr>(0), &v), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtGetStreamAttribute(s, ACL_STREAM_ATTR_PRIORITY, nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, StopOnFailureLeavesLaterTasksUnrun) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  if (GetParam() == backend::cuda) {
+    EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_NE(std::string(aclGetRecentErrMsg()).find("STOP_ON_FAILURE"), std::string::npos);
+    EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+    return;
+  }
+  ASSERT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_SUCCESS) << aclGetRecentErrMsg();
+  aclrtStreamAttrValue v{};
+  ASSERT_EQ(aclrtGetStreamAttribute(s, ACL_STREAM_ATTR_FAILURE_MODE, &v), ACL_SUCCESS);
+  EXPECT_EQ(v.failureMode, ACL_STOP_ON_FAILURE);
+  void* out = dmalloc(64);
+  void* mark = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(mark, 8, 0, 8), ACL_SUCCESS);
+  void* args[] = {&out};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 5, 0, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 0u);  // the task behind the failed one did not run
+  ASSERT_EQ(aclrtValueWrite(mark, 6, 0, s), ACL_SUCCESS);  // reported: the stream runs again
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 6u);
+  // Back to CONTINUE: the task behind a failure runs.
+  v.failureMode = ACL_CONTINUE_ON_FAILURE;
+  ASSERT_EQ(aclrtSetStreamAttribute(s, ACL_STREAM_ATTR_FAILURE_MODE, &v), ACL_SUCCESS);
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 7, 0, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 7u);
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 

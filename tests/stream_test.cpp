@@ -220,6 +220,48 @@ TEST_P(stream_test, HostFunctionRunsInStreamOrder) {
   EXPECT_EQ(seen, 0x05050505u);
 }
 
+TEST_P(stream_test, StopOnFailureSkipsTheOpsBehindAFailedOneUntilSynchronize) {
+  auto s = dev().make_stream();
+  std::error_code ec;
+  s.stop_on_failure(true, ec);
+  if (GetParam() == backend::cuda) {  // a GPU stream cannot hold back work handed to the driver
+    EXPECT_EQ(ec, make_error_code(errc::not_supported));
+    return;
+  }
+  ASSERT_FALSE(ec) << ec.message();
+  auto other = dev().make_stream();
+  auto out = dev().alloc<std::uint32_t>(2);
+  auto mark = dev().alloc<std::uint32_t>(1);
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  other.fill(mark, 0).wait();
+  auto trap = s.launch(kernels().kernel("trap"), {.grid = 2}, out);
+  auto behind = s.fill(mark, 9);
+  auto behind2 = s.host_func([] {});
+  EXPECT_CORA_ERROR(trap.wait(), errc::kernel_fault);
+  EXPECT_CORA_ERROR(behind.wait(), errc::kernel_fault);
+  EXPECT_CORA_ERROR(behind2.wait(), errc::kernel_fault);
+  other.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0u) << "an op behind the failed one ran";
+  // Enqueued after the failure, before the synchronize that reports it: not run either.
+  auto late = s.fill(mark, 8);
+  EXPECT_CORA_ERROR(late.wait(), errc::kernel_fault);
+  other.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0u);
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::kernel_fault);
+  // Reported: the stream runs again.
+  (void)s.fill(mark, 1);
+  s.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0x01010101u);
+
+  // Continue on failure (the default): the op behind the trap runs.
+  s.stop_on_failure(false);
+  (void)s.launch(kernels().kernel("trap"), {.grid = 2}, out);
+  (void)s.fill(mark, 9);
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::kernel_fault);
+  other.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0x09090909u);
+}
+
 // --- memory-value waits and writes ---------------------------------------------------------
 
 TEST_P(stream_test, WaitValueHoldsLaterWorkUntilTheWordSatisfiesIt) {

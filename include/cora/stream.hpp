@@ -204,6 +204,17 @@ class stream {
   /// cleanly: pending is [[nodiscard]]).
   pending<void> synchronize();
 
+  // --- failure mode ---------------------------------------------------------------------------
+
+  /// With `stop`, once an op of this stream fails, the ops behind it that have not started are
+  /// not run: they fail with that failure (so do their waiters), until synchronize() reports
+  /// it; work enqueued after that runs again. Without (the default), they run, and the failure
+  /// still surfaces at the next wait. Ops of other streams are unaffected.
+  /// @throws cora::error (errc::not_supported where the backend cannot hold back work it has
+  ///         already handed to the device: CUDA).
+  void stop_on_failure(bool stop);
+  void stop_on_failure(bool stop, std::error_code& ec);
+
   // --- graphs -------------------------------------------------------------------------------
 
   /// Starts capturing: until end_capture(), ops on this stream are checked as usual and become

@@ -281,11 +281,13 @@ aclError aclrtSetStreamFailureMode(aclrtStream stream, uint64_t mode) {
                      "mode must be ACL_CONTINUE_ON_FAILURE or ACL_STOP_ON_FAILURE");
     std::shared_ptr<stream_obj> s;
     if (aclError e = resolve_stream(api, stream, s)) return e;
-    // cora runs the tasks behind a failed one (its fault is reported at the next
-    // synchronization): CANN's CONTINUE mode. Stopping needs a stream that discards queued work.
-    if (mode == ACL_STOP_ON_FAILURE)
+    // The core's failure mode: with STOP, tasks behind a failed one are not run and report
+    // the failure at the next synchronization, which also ends the stop (docs/acl-compat.md).
+    std::error_code ec;
+    s->s.stop_on_failure(mode == ACL_STOP_ON_FAILURE, ec);
+    if (ec)
       return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
-                  "ACL_STOP_ON_FAILURE is not supported: tasks behind a failed one still run");
+                  "ACL_STOP_ON_FAILURE is not supported on this device: " + cora::last_error_message());
     s->failure_mode = mode;
     return ACL_SUCCESS;
   });

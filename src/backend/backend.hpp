@@ -214,6 +214,14 @@ class stream {
     message = "this backend cannot write a memory value";
   }
 
+  /// Failure mode. With `stop`, once an op of this stream fails, the ops behind it that have
+  /// not started are not run: each fails with the first failure's status, until resume().
+  /// Returns false, leaving the mode as it was, where the backend cannot hold back work it has
+  /// already handed over.
+  virtual bool stop_on_failure(bool stop) noexcept { return !stop; }
+  /// Ends the halt after a failure (the core calls it once synchronize has reported it).
+  virtual void resume() noexcept {}
+
   /// Enqueues one launch of an instantiated graph of this stream's device as op `seq`.
   virtual void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
                             std::string& message) {

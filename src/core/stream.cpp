@@ -563,6 +563,21 @@ pending<void> stream::value_op(void* addr, std::uint64_t value, wait_condition c
       std::move(keep)));
 }
 
+void stream::stop_on_failure(bool stop) {
+  std::error_code ec;
+  stop_on_failure(stop, ec);
+  detail::throw_if(ec);
+}
+
+void stream::stop_on_failure(bool stop, std::error_code& ec) {
+  ec.clear();
+  if (!s_) return detail::set_error(ec, errc::invalid_handle, "empty stream handle");
+  if (!st()->backend->stop_on_failure(stop))
+    detail::set_error(ec, errc::not_supported,
+                      "this device cannot hold back work it has handed to its driver: ops behind a "
+                      "failed one run (on a GPU, a kernel fault stops the whole context anyway)");
+}
+
 pending<void> stream::host_func(std::function<void()> fn) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (!fn) return fail(errc::invalid_argument, "empty host function", st());

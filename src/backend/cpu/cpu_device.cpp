@@ -387,6 +387,11 @@ void cpu_stream::finished(op* o, std::vector<op*>& ready) {
     fault_ = {o->seq, status_code(status), o->message};
     fault_seq_.store(o->seq, std::memory_order_relaxed);
   }
+  if (status != CORA_CPU_OK && halt_seq_ == ~std::uint64_t{0} &&
+      stop_on_failure_.load(std::memory_order_relaxed)) {
+    halt_seq_ = o->seq;
+    halt_status_ = status;
+  }
   completed_.store(o->seq, std::memory_order_release);
   if (blocked_) cv_.notify_all();
   for (auto it = dependents_.begin(); it != dependents_.end();) {
@@ -588,6 +593,20 @@ bool cpu_stream::wait_marker(const marker& m, clock::time_point deadline) {
   });
   --blocked_;
   return done;
+}
+
+bool cpu_stream::halted(int& status, std::uint64_t& seq) noexcept {
+  if (!stop_on_failure_.load(std::memory_order_acquire)) return false;
+  std::lock_guard lock(mutex_);
+  if (halt_seq_ == ~std::uint64_t{0}) return false;
+  seq = halt_seq_;
+  status = halt_status_;
+  return true;
+}
+
+void cpu_stream::resume() noexcept {
+  std::lock_guard lock(mutex_);
+  halt_seq_ = ~std::uint64_t{0};
 }
 
 fault cpu_stream::take_fault() {
@@ -818,9 +837,29 @@ void cpu_device::abandon(op* o) noexcept {
   finish(o);
 }
 
+bool cpu_device::skip_halted(op* o) noexcept {
+  int status = 0;
+  std::uint64_t failed = 0;
+  // A graph's child ops belong to their graph launch, which was started (or skipped) whole.
+  if (o->parent || !o->stream || !o->stream->halted(status, failed)) return false;
+  int expected = CORA_CPU_OK;
+  if (o->status.compare_exchange_strong(expected, status, std::memory_order_acq_rel)) {
+    try {
+      o->message = "not run: op " + std::to_string(failed) +
+                   " of the stream failed first and the stream stops on failure";
+    } catch (...) {
+    }
+  }
+  return true;
+}
+
 void cpu_device::start(op* o) {
   if (stopped()) {
     abandon(o);
+    return;
+  }
+  if (skip_halted(o)) {
+    finish(o);
     return;
   }
   switch (o->k) {
@@ -1054,6 +1093,8 @@ void cpu_device::finish(op* first) {
     for (op* r : ready) {
       if (stopped()) {  // shut down: what was waiting behind this op never runs
         mark_shut_down(r);
+        todo.push_back(r);
+      } else if (skip_halted(r)) {  // its stream failed and stops on failure
         todo.push_back(r);
       } else if (r->k == op::kind::wait &&
           (!r->wait_stream || r->wait_stream == r->stream ||

@@ -217,6 +217,14 @@ class cpu_stream final : public stream {
   bool wait_marker(const marker& m, clock::time_point deadline) override;
   void release_marker(const marker&) noexcept override {}
   fault take_fault() override;
+  bool stop_on_failure(bool stop) noexcept override {
+    stop_on_failure_.store(stop, std::memory_order_release);
+    return true;
+  }
+  void resume() noexcept override;
+  /// True when ops that have not started must not run: the stream stops on failure and an op
+  /// failed since the last resume(). Then `status` is that failure's and `seq` its op.
+  bool halted(int& status, std::uint64_t& seq) noexcept;
 
   std::uint64_t completed() const noexcept { return completed_.load(std::memory_order_acquire); }
 
@@ -238,6 +246,11 @@ class cpu_stream final : public stream {
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> fault_seq_{~std::uint64_t{0}};
   fault fault_;
+  std::atomic<bool> stop_on_failure_{false};
+  // The failed op that halts the stream (stop on failure) and its status, until resume();
+  // kept apart from fault_, which the core takes as soon as it sees the failure.
+  std::uint64_t halt_seq_ = ~std::uint64_t{0};  // guarded by mutex_
+  int halt_status_ = 0;
   std::vector<std::pair<std::uint64_t, op*>> dependents_;
 };
 
@@ -299,6 +312,8 @@ class cpu_device final : public device {
   void execute(op* o, unsigned worker);
   void run_slice(op* o, std::uint32_t slice);
   void run_injected(op* o);
+  /// Fails `o` without running it when its stream stops on failure and has failed; true then.
+  bool skip_halted(op* o) noexcept;
   /// Hands a value wait whose condition does not hold yet to the value watcher.
   void watch_value(op* o);
   /// The value watcher's thread: polls the waiting ops with a growing pause, finishes those

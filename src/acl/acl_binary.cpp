@@ -421,7 +421,14 @@ aclError aclrtBinaryGetGlobal(aclrtBinHandle binHandle, const char* name, void**
     CORA_ACL_REQUIRE(name && dptr && size, "name, dptr or size is NULL");
     std::shared_ptr<binary_obj> b;
     if (aclError e = lookup_binary(api, binHandle, b)) return e;
-    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "device globals of a binary are not supported");
+    // A global of the kernels' code (CORA_GLOBAL): device memory on a GPU (cuModuleGetGlobal),
+    // the loaded image's own data on the CPU device, where its kernels see it.
+    std::error_code ec;
+    const cora::device_global g = b->bin.global(name, ec);
+    if (ec) return fail(ec, api, cora::last_error_message());
+    *dptr = g.address;
+    *size = g.size;
+    return ACL_SUCCESS;
   });
 }
 

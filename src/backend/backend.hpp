@@ -74,6 +74,16 @@ class module {
   virtual void* function(std::size_t index, std::error_code& ec, std::string& message) = 0;
   /// The backend's own handle (CUmodule on CUDA; null where there is none).
   virtual void* native_handle() const noexcept { return nullptr; }
+  /// The global variable `name` of the image (CORA_GLOBAL): its address in the device's address
+  /// space, and in `size` its size in bytes. errc::kernel_not_found when the image lacks it.
+  virtual void* global(const std::string& name, std::size_t& size, std::error_code& ec,
+                       std::string& message) {
+    (void)name;
+    size = 0;
+    ec = make_error_code(errc::not_supported);
+    message = "this backend cannot look up globals";
+    return nullptr;
+  }
   /// Kernel `name`: its handle, and in `layout` the parameters as the image reports them
   /// (params_known false when it reports none). Resolved at the first call and cached; safe
   /// from several threads at once. errc::kernel_not_found when the image lacks it.

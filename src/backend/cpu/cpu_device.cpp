@@ -723,7 +723,7 @@ std::unique_ptr<module> cpu_device::load(std::span<const std::byte> image, image
     message = "the CPU device runs only CPU kernel images";
     return nullptr;
   }
-  return cpu_module::load(image, ec, message);
+  return cpu_module::load(image, ec, message, globals_);
 }
 
 void cpu_device::add_stream(cpu_stream* s) {

@@ -15,6 +15,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/cpu/cpu_memory.hpp"
+#include "backend/cpu/cpu_module.hpp"
 #include "cora/detail/cpu_kernel_abi.h"
 
 namespace cora::backend::cpu {
@@ -274,6 +275,12 @@ class cpu_device final : public device {
   bool accepts(image_kind kind) const override { return kind == image_kind::cpu_elf; }
   std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
                                std::error_code& ec, std::string& message) override;
+  /// The globals of loaded images that were looked up are device memory (see global_ranges).
+  foreign_memory describe_pointer(const void* p) noexcept override {
+    const auto [base, size] = globals_->find(p);
+    if (!size) return {};
+    return {foreign_memory::kind::device, base, size};
+  }
   std::unique_ptr<graph_exec> instantiate(std::span<const graph_node_desc> nodes,
                                           std::error_code& ec, std::string& message) override;
   std::uint64_t markers_recorded() const override {
@@ -326,6 +333,7 @@ class cpu_device final : public device {
   std::atomic<bool> stopped_{false};
   std::atomic<bool> lost_{false};
   fault_injection faults_;
+  std::shared_ptr<global_ranges> globals_ = std::make_shared<global_ranges>();
   std::mutex streams_mutex_;
   std::set<cpu_stream*> streams_;
   // Value waits whose condition did not hold when they started, polled by value_thread_

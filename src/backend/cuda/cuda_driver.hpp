@@ -69,6 +69,7 @@ namespace cora::backend::cuda {
   X(cuModuleLoadDataEx, 2010)          \
   X(cuModuleUnload, 2000)              \
   X(cuModuleGetFunction, 2000)         \
+  X(cuModuleGetGlobal, 3020)           \
   X(cuFuncGetAttribute, 2020)          \
   X(cuFuncSetAttribute, 9000)          \
   X(cuLaunchKernel, 4000)              \

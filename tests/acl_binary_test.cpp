@@ -1,5 +1,8 @@
 // The C API: binaries, functions, and symbols of mixed-mode launchers.
+#include <dlfcn.h>
+
 #include "core/state.hpp"
+#include "cora/detail/cpu_kernel_abi.h"
 #include "support/acl_c_api.h"
 #include "support/acl_fixture.hpp"
 #include "test_mixed_kernels.hpp"
@@ -334,8 +337,20 @@ TEST_P(acl_binary_test, BinaryObjectsAndFunctionQueries) {
   ASSERT_EQ(aclrtGetFunctionAttribute(f, ACL_FUNC_ATTR_KERNEL_TYPE, &v), ACL_SUCCESS);
   EXPECT_EQ(v, 0);
   EXPECT_EQ(aclrtGetFunctionAttribute(f, static_cast<aclrtFuncAttribute>(0), &v), ACL_ERROR_INVALID_PARAM);
-  void *aic = nullptr, *aiv = nullptr;
-  EXPECT_EQ(aclrtGetFunctionAddr(f, &aic, &aiv), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  void *aic = nullptr, *aiv = reinterpret_cast<void*>(1);
+  if (cuda()) {
+    EXPECT_EQ(aclrtGetFunctionAddr(f, &aic, &aiv), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_NE(std::string(aclGetRecentErrMsg()).find("code address"), std::string::npos);
+  } else {
+    // The CPU device: the kernel's entry function in the loaded image.
+    ASSERT_EQ(aclrtGetFunctionAddr(f, &aic, &aiv), ACL_SUCCESS) << aclGetRecentErrMsg();
+    Dl_info info{};
+    ASSERT_NE(dladdr(aic, &info), 0);
+    ASSERT_NE(info.dli_sname, nullptr);
+    EXPECT_EQ(std::string(info.dli_sname), std::string(CORA_KERNEL_ENTRY_PREFIX) + "add_f32");
+    EXPECT_EQ(aiv, nullptr);
+  }
+  EXPECT_EQ(aclrtGetFunctionAddr(f, nullptr, &aiv), ACL_ERROR_INVALID_PARAM);
   void* addr = nullptr;
   size_t size = 0;
   EXPECT_EQ(aclrtBinaryGetDevAddress(bin, &addr, &size), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);

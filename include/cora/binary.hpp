@@ -49,6 +49,10 @@ class kernel {
   std::span<const param_info> params() const noexcept;
   /// Bytes of the canonical argument block (8-byte aligned).
   std::size_t args_size() const noexcept;
+  /// Where the kernel's code lies in the device's address space (the CPU device: its entry
+  /// function in the loaded image); null where the backend exposes none (CUDA) or once the
+  /// binary was unloaded.
+  void* code_address() const noexcept;
 
   explicit operator bool() const noexcept { return static_cast<bool>(s_); }
   const std::shared_ptr<detail::kernel_state>& state() const noexcept { return s_; }

@@ -467,7 +467,15 @@ aclError aclrtGetFunctionAddr(aclrtFuncHandle funcHandle, void** aicAddr, void**
     CORA_ACL_REQUIRE(aicAddr && aivAddr, "aicAddr or aivAddr is NULL");
     std::shared_ptr<function_obj> fn;
     if (aclError e = resolve_function(api, funcHandle, false, fn)) return e;
-    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "kernel entry addresses are not exposed by cora");
+    // Every cora kernel is of one kind (AI Core, see aclrtGetFunctionAttribute): its code is
+    // the AIC address; there is no vector-core part.
+    void* code = fn->k.code_address();
+    if (!code)
+      return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
+                  "this device exposes no kernel code addresses (a GPU kernel is a driver handle)");
+    *aicAddr = code;
+    *aivAddr = nullptr;
+    return ACL_SUCCESS;
   });
 }
 

@@ -74,6 +74,12 @@ class module {
   virtual void* function(std::size_t index, std::error_code& ec, std::string& message) = 0;
   /// The backend's own handle (CUmodule on CUDA; null where there is none).
   virtual void* native_handle() const noexcept { return nullptr; }
+  /// Where the code of the kernel whose handle is `function` (from find) lies in the device's
+  /// address space; null where a handle is no code address (CUDA's CUfunction).
+  virtual void* code_address(void* function) const noexcept {
+    (void)function;
+    return nullptr;
+  }
   /// The global variable `name` of the image (CORA_GLOBAL): its address in the device's address
   /// space, and in `size` its size in bytes. errc::kernel_not_found when the image lacks it.
   virtual void* global(const std::string& name, std::size_t& size, std::error_code& ec,

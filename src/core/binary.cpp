@@ -316,6 +316,13 @@ std::span<const param_info> kernel::params() const noexcept {
 
 std::size_t kernel::args_size() const noexcept { return s_ ? s_->args_size : 0; }
 
+void* kernel::code_address() const noexcept {
+  if (!s_) return nullptr;
+  std::lock_guard lock(s_->binary->mutex);
+  if (s_->binary->unloaded.load(std::memory_order_relaxed) || !s_->binary->module) return nullptr;
+  return s_->binary->module->code_address(s_->function);
+}
+
 // ---------------------------------------------------------------------------------------------
 // binary
 

@@ -48,6 +48,8 @@ class cpu_module final : public module {
              std::string& message) override;
   void* global(const std::string& name, std::size_t& size, std::error_code& ec,
                std::string& message) override;
+  /// A kernel's handle is its entry function in the loaded image.
+  void* code_address(void* function) const noexcept override { return function; }
 
  private:
   cpu_module() = default;

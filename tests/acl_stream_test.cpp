@@ -159,6 +159,35 @@ TEST_P(acl_stream_test, StopOnFailureLeavesLaterTasksUnrun) {
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 
+TEST_P(acl_stream_test, AbortDiscardsQueuedTasks) {
+  void* word = dmalloc(8);
+  void* mark = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(word, 8, 0, 8), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemset(mark, 8, 0, 8), ACL_SUCCESS);
+  aclrtStream s = nullptr, other = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&other), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 1, 1 /* EQ */, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 5, 0, s), ACL_SUCCESS);
+  if (cuda()) {
+    EXPECT_EQ(aclrtStreamAbort(s), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_NE(aclGetRecentErrMsg(), nullptr);
+    ASSERT_EQ(aclrtValueWrite(word, 1, 0, other), ACL_SUCCESS);
+  } else {
+    ASSERT_EQ(aclrtStreamAbort(s), ACL_SUCCESS) << aclGetRecentErrMsg();
+    EXPECT_EQ(download<uint64_t>(mark, 1)[0], 0u);  // the queued task was discarded
+    EXPECT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);  // the abort is not reported as a failure
+    ASSERT_EQ(aclrtValueWrite(mark, 6, 0, s), ACL_SUCCESS);  // the stream takes new work
+    ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+    EXPECT_EQ(download<uint64_t>(mark, 1)[0], 6u);
+  }
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  int not_a_stream = 0;
+  EXPECT_EQ(aclrtStreamAbort(&not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtDestroyStream(other), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
 struct state_log {
   std::mutex m;
   std::vector<std::pair<aclrtStream, aclrtStreamState>> seen;

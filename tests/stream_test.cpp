@@ -343,6 +343,50 @@ TEST_P(stream_test, WaitValueRefusesWordsTheDeviceCannotWatch) {
   s.synchronize().wait();
 }
 
+TEST_P(stream_test, AbortDiscardsTheWorkThatHasNotStarted) {
+  auto s = dev().make_stream();
+  auto other = dev().make_stream();
+  auto word = dev().alloc<std::uint64_t>(1);
+  auto mark = dev().alloc<std::uint32_t>(1);
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  other.fill(word, 0).wait();
+  other.fill(mark, 0).wait();
+  auto waiting = s.wait_value(word.data(), std::uint64_t{1}, wait_condition::eq);
+  auto behind = s.fill(mark, 5);
+  std::error_code ec;
+  s.abort(ec);
+  if (GetParam() == backend::cuda) {  // a GPU stream cannot recall what the driver holds
+    EXPECT_EQ(ec, make_error_code(errc::not_supported));
+    other.write_value(word.data(), std::uint64_t{1}).wait();
+    s.synchronize().wait();
+    return;
+  }
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_CORA_ERROR(waiting.wait(), errc::aborted);  // a wait in progress ends
+  EXPECT_CORA_ERROR(behind.wait(), errc::aborted);
+  other.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0u) << "a discarded op ran";
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::aborted);
+
+  // A running launch finishes; what is queued behind it is discarded.
+  auto go = dev().alloc_host<std::uint32_t>(1);
+  auto done = dev().alloc_host<std::uint32_t>(1);
+  go[0] = 0;
+  done[0] = 0;
+  auto spin = s.launch(kernels().kernel("spin_until_set"), {}, go.data(), done.data(), std::uint64_t{30000000});
+  auto queued = s.fill(mark, 6);
+  s.abort();
+  __atomic_store_n(go.data(), 1u, __ATOMIC_RELEASE);
+  spin.wait();
+  EXPECT_EQ(__atomic_load_n(done.data(), __ATOMIC_ACQUIRE), 1u);  // released, not timed out
+  EXPECT_CORA_ERROR(queued.wait(), errc::aborted);
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::aborted);
+  // The stream takes new work.
+  (void)s.fill(mark, 1);
+  s.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0x01010101u);
+}
+
 // A wait whose word is never written ends when the runtime shuts down; nothing hangs.
 TEST(stream_value_wait, ShutdownEndsAWaitThatNeverHolds) {
   stream s;

@@ -215,6 +215,14 @@ class stream {
   void stop_on_failure(bool stop);
   void stop_on_failure(bool stop, std::error_code& ec);
 
+  /// Discards the work enqueued so far that has not started: those ops complete, failed with
+  /// errc::aborted (as does a wait_value in progress), and the failure surfaces at the next
+  /// synchronize(); an op already running (a launch, a copy) finishes. Does not block.
+  /// @throws cora::error (errc::not_supported where the backend cannot recall work it has
+  ///         handed to the device: CUDA).
+  void abort();
+  void abort(std::error_code& ec);
+
   // --- graphs -------------------------------------------------------------------------------
 
   /// Starts capturing: until end_capture(), ops on this stream are checked as usual and become

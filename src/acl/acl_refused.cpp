@@ -229,10 +229,6 @@ aclError aclrtMemUceRepair(int32_t deviceId, aclrtMemUceInfo* memUceInfoArray, s
   return refuse(__func__, "Ascend error repair is not available");
 }
 
-aclError aclrtStreamAbort(aclrtStream stream) {
-  return refuse(__func__, "cora's streams cannot discard or pause queued work");
-}
-
 aclError aclrtGetFunctionSize(aclrtFuncHandle funcHandle, size_t* aicSize, size_t* aivSize) {
   return refuse(__func__, "kernel code sizes are not exposed");
 }
@@ -650,7 +646,7 @@ aclError aclrtGetOpExecuteTimeout(uint32_t* const timeoutMs) {
 }
 
 aclError aclrtStreamStop(aclrtStream stream) {
-  return refuse(__func__, "cora's streams cannot discard or pause queued work");
+  return refuse(__func__, "cora's streams cannot be paused (aclrtStreamAbort discards queued work instead)");
 }
 
 aclError aclrtTaskUpdateAsync(aclrtStream taskStream, uint32_t taskId, aclrtTaskUpdateInfo* info, aclrtStream execStream) {

@@ -419,6 +419,27 @@ aclError aclrtValueWrite(void* devAddr, uint64_t value, uint32_t flag, aclrtStre
   });
 }
 
+aclError aclrtStreamAbort(aclrtStream stream) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    std::shared_ptr<stream_obj> s;
+    if (aclError e = resolve_stream(api, stream, s)) return e;
+    std::error_code ec;
+    s->s.abort(ec);
+    if (ec)
+      return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
+                  "a GPU stream cannot discard work already handed to the driver: " +
+                      cora::last_error_message());
+    // The discarded tasks are gone once the running one has finished; the stream is then
+    // clean for new work (their abort is not reported again). An earlier failure still is.
+    auto p = s->s.synchronize();
+    std::error_code done;
+    p.wait(done);
+    if (done && done != make_error_code(cora::errc::aborted)) return fail(done, api, op_message(p));
+    return ACL_SUCCESS;
+  });
+}
+
 aclError aclrtValueWait(void* devAddr, uint64_t value, uint32_t flag, aclrtStream stream) {
   const char* const api = __func__;
   return guarded(api, [&]() -> aclError {

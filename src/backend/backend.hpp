@@ -237,6 +237,10 @@ class stream {
   virtual bool stop_on_failure(bool stop) noexcept { return !stop; }
   /// Ends the halt after a failure (the core calls it once synchronize has reported it).
   virtual void resume() noexcept {}
+  /// Discards the ops not started yet: they complete, failed with errc::aborted (a memory-value
+  /// wait in progress too); other running ops finish. False, doing nothing, where the backend
+  /// cannot recall work it has handed over.
+  virtual bool abort() noexcept { return false; }
 
   /// Enqueues one launch of an instantiated graph of this stream's device as op `seq`.
   virtual void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,

@@ -578,6 +578,20 @@ void stream::stop_on_failure(bool stop, std::error_code& ec) {
                       "failed one run (on a GPU, a kernel fault stops the whole context anyway)");
 }
 
+void stream::abort() {
+  std::error_code ec;
+  abort(ec);
+  detail::throw_if(ec);
+}
+
+void stream::abort(std::error_code& ec) {
+  ec.clear();
+  if (!s_) return detail::set_error(ec, errc::invalid_handle, "empty stream handle");
+  if (!st()->backend->abort())
+    detail::set_error(ec, errc::not_supported,
+                      "this device cannot recall work it has handed to its driver");
+}
+
 pending<void> stream::host_func(std::function<void()> fn) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (!fn) return fail(errc::invalid_argument, "empty host function", st());

@@ -56,6 +56,8 @@ thread_local finish_lists thread_finish_lists;
 constexpr int status_copy_fault = 100;
 // Status of an op that never ran, or was stopped, because the runtime was shut down.
 constexpr int status_shut_down = 101;
+// Status of an op discarded by an abort of its stream before it ran.
+constexpr int status_aborted = 102;
 
 // The abort flag is read by running kernels while the device sets it: atomically, though the
 // kernel ABI shows it as a plain volatile word.
@@ -100,6 +102,7 @@ std::error_code status_code(int status) {
     case CORA_CPU_ABORTED: return make_error_code(errc::device_lost);
     case status_copy_fault: return make_error_code(errc::copy_fault);
     case status_shut_down: return make_error_code(errc::runtime_shut_down);
+    case status_aborted: return make_error_code(errc::aborted);
     default: return make_error_code(errc::kernel_fault);
   }
 }
@@ -604,6 +607,32 @@ bool cpu_stream::halted(int& status, std::uint64_t& seq) noexcept {
   return true;
 }
 
+// Marks `o` discarded by an abort (unless it already failed).
+static void mark_aborted(op* o) noexcept {
+  int expected = CORA_CPU_OK;
+  if (o->status.compare_exchange_strong(expected, status_aborted, std::memory_order_acq_rel)) {
+    try {
+      o->message = "discarded by an abort of its stream before it ran";
+    } catch (...) {
+    }
+  }
+}
+
+bool cpu_stream::abort() noexcept {
+  op* waiting = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    // Queued ops keep their place and complete in order, each skipped when its turn comes.
+    queue_.for_each([](op* o) { mark_aborted(o); });
+    if (running_ && running_->k == op::kind::value_wait) {
+      waiting = running_;
+      mark_aborted(waiting);  // also ends it if the watcher has not taken it yet
+    }
+  }
+  if (waiting) device_.cancel_value_wait(waiting);
+  return true;
+}
+
 void cpu_stream::resume() noexcept {
   std::lock_guard lock(mutex_);
   halt_seq_ = ~std::uint64_t{0};
@@ -770,6 +799,10 @@ void cpu_device::shutdown() noexcept {
 }
 
 void cpu_device::watch_value(op* o) {
+  if (o->status.load(std::memory_order_acquire) == status_aborted) {  // its stream was aborted
+    finish(o);
+    return;
+  }
   {
     std::lock_guard lock(value_mutex_);
     if (!value_stop_) {
@@ -792,6 +825,18 @@ void cpu_device::watch_value(op* o) {
   value_cv_.notify_one();
 }
 
+bool cpu_device::cancel_value_wait(op* o) noexcept {
+  {
+    std::lock_guard lock(value_mutex_);
+    auto it = std::find(value_waits_.begin(), value_waits_.end(), o);
+    if (it == value_waits_.end()) return false;  // done already, or being finished
+    value_waits_.erase(it);
+  }
+  mark_aborted(o);
+  finish(o);
+  return true;
+}
+
 void cpu_device::watch_values() noexcept {
   // Polled, as a GPU's front end polls the word: the pause doubles from 1 us up to 500 us while
   // nothing changes, and starts again at 1 us when a wait ends or a new one comes.
@@ -804,7 +849,7 @@ void cpu_device::watch_values() noexcept {
     const bool gone = lost();
     std::size_t kept = 0;
     for (op* o : value_waits_) {
-      if (gone || value_met(o))
+      if (gone || value_met(o) || o->status.load(std::memory_order_acquire) == status_aborted)
         done.push_back(o);  // on a lost device, finished() fails it
       else
         value_waits_[kept++] = o;
@@ -841,6 +886,7 @@ bool cpu_device::skip_halted(op* o) noexcept {
   int status = 0;
   std::uint64_t failed = 0;
   // A graph's child ops belong to their graph launch, which was started (or skipped) whole.
+  if (o->status.load(std::memory_order_acquire) == status_aborted) return true;
   if (o->parent || !o->stream || !o->stream->halted(status, failed)) return false;
   int expected = CORA_CPU_OK;
   if (o->status.compare_exchange_strong(expected, status, std::memory_order_acq_rel)) {

@@ -223,6 +223,7 @@ class cpu_stream final : public stream {
     return true;
   }
   void resume() noexcept override;
+  bool abort() noexcept override;
   /// True when ops that have not started must not run: the stream stops on failure and an op
   /// failed since the last resume(). Then `status` is that failure's and `seq` its op.
   bool halted(int& status, std::uint64_t& seq) noexcept;
@@ -319,8 +320,13 @@ class cpu_device final : public device {
   void execute(op* o, unsigned worker);
   void run_slice(op* o, std::uint32_t slice);
   void run_injected(op* o);
-  /// Fails `o` without running it when its stream stops on failure and has failed; true then.
+  /// Fails `o` without running it when its stream stops on failure and has failed, or when it
+  /// was discarded by an abort; true then.
   bool skip_halted(op* o) noexcept;
+ public:
+  /// Ends the value wait `o` of an aborted stream if the watcher still holds it; true then.
+  bool cancel_value_wait(op* o) noexcept;
+ private:
   /// Hands a value wait whose condition does not hold yet to the value watcher.
   void watch_value(op* o);
   /// The value watcher's thread: polls the waiting ops with a growing pause, finishes those

@@ -192,10 +192,7 @@ cora::stream device::adopt_stream(void* native_stream) {
     throw error(errc::runtime_shut_down, "the runtime was shut down");
   if (!native_stream) throw error(errc::invalid_argument, "adopt_stream of a null stream");
   std::error_code ec;
-  const auto wakeup = s_->runtime->options.completion == completion_policy::callback
-                          ? backend::marker_wakeup::host_callback
-                          : backend::marker_wakeup::poll;
-  auto bs = s_->backend->adopt_stream(native_stream, wakeup, ec);
+  auto bs = s_->backend->adopt_stream(native_stream, s_->marker_wakeup(), ec);
   if (ec) throw error(ec, "cannot adopt a native stream on " + s_->properties.name);
   return cora::stream(detail::intrusive_ptr<detail::completion_source>(
       detail::make_intrusive<detail::stream_state>(state(), std::move(bs))));

@@ -481,10 +481,13 @@ namespace {
 constexpr std::size_t stream_pool_size = 32;
 }  // namespace
 
+backend::marker_wakeup device_state::marker_wakeup() const noexcept {
+  return runtime->options.completion == completion_policy::callback ? backend::marker_wakeup::host_callback
+                                                                    : backend::marker_wakeup::poll;
+}
+
 std::unique_ptr<backend::stream> device_state::take_stream(int priority, std::error_code& ec) {
-  const auto wakeup = runtime->options.completion == completion_policy::callback
-                          ? backend::marker_wakeup::host_callback
-                          : backend::marker_wakeup::poll;
+  const auto wakeup = marker_wakeup();
   if (!backend->pool_streams() || priority != 0) return backend->create_stream(priority, wakeup, ec);
   if (auto h = backend->health()) {
     ec = h;
@@ -510,61 +513,51 @@ std::unique_ptr<backend::stream> device_state::take_stream(int priority, std::er
 }
 
 void device_state::warm_up() noexcept {
+  // The first pinned slab (within the limit) and the pool of streams, both on a cora thread.
+  bool grow = false;
   {
     std::lock_guard lock(pinned_pool_->mutex);
     const std::size_t limit = runtime->options.pinned_memory_limit;
-    if (pinned_pool_->growing || (limit != 0 && default_slab > limit)) return;
-    pinned_pool_->growing = true;
-    pinned_pool_->reserved += default_slab;
+    if (!pinned_pool_->growing && (limit == 0 || default_slab <= limit)) {
+      pinned_pool_->growing = true;
+      pinned_pool_->reserved += default_slab;
+      grow = true;
+    }
   }
-  if (backend->pool_streams()) {
-    std::lock_guard lock(spare_mutex_);
-    refilling_ = true;
-  }
+  const bool streams = backend->pool_streams();
+  if (!grow && !streams) return;
   try {
-    asio::post(device_wait_pool(), [self = shared_from_this()] {
-      self->grow_pinned_slab();
-      if (self->backend->pool_streams()) self->refill_streams();
+    asio::post(device_wait_pool(), [self = shared_from_this(), grow, streams] {
+      if (grow) self->grow_pinned_slab();
+      if (streams) self->fill_stream_pool();
     });
   } catch (...) {
-    {
-      std::lock_guard lock(pinned_pool_->mutex);
-      pinned_pool_->reserved -= default_slab;
-      pinned_pool_->growing = false;
-    }
-    std::lock_guard lock(spare_mutex_);
-    refilling_ = false;
+    if (!grow) return;
+    std::lock_guard lock(pinned_pool_->mutex);
+    pinned_pool_->reserved -= default_slab;
+    pinned_pool_->growing = false;
   }
 }
 
-void device_state::refill_streams() noexcept {
-  const auto wakeup = runtime->options.completion == completion_policy::callback
-                          ? backend::marker_wakeup::host_callback
-                          : backend::marker_wakeup::poll;
+void device_state::fill_stream_pool() noexcept {
+  const auto wakeup = marker_wakeup();
   for (;;) {
     {
       std::lock_guard lock(spare_mutex_);
-      if (spare_streams_.size() >= stream_pool_size || shut_down.load(std::memory_order_acquire)) {
-        refilling_ = false;
-        return;
-      }
+      if (spare_streams_.size() >= stream_pool_size || shut_down.load(std::memory_order_acquire)) return;
     }
     std::error_code ec;
     std::unique_ptr<backend::stream> s;
     try {
       s = backend->create_stream(0, wakeup, ec);
     } catch (...) {
-      ec = make_error_code(errc::out_of_memory);
-    }
-    std::lock_guard lock(spare_mutex_);
-    if (ec || !s) {
-      refilling_ = false;
       return;
     }
+    if (ec || !s) return;
+    std::lock_guard lock(spare_mutex_);
     try {
       spare_streams_.push_back(std::move(s));
     } catch (...) {
-      refilling_ = false;
       return;
     }
   }

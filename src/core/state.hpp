@@ -188,6 +188,8 @@ class device_state : public std::enable_shared_from_this<device_state> {
   /// A backend stream for a new stream: from the pool of created streams where the backend's
   /// creation may wait for the device (CUDA), else created now.
   std::unique_ptr<backend::stream> take_stream(int priority, std::error_code& ec);
+  /// How the streams' markers wake sleeping waiters, from the runtime's completion policy.
+  backend::marker_wakeup marker_wakeup() const noexcept;
   /// Destroys a drained backend stream on a cora thread (never on the caller's).
   /// `reusable`: drained, and made by take_stream's pool: it may serve a new cora stream.
   void retire_stream(std::unique_ptr<backend::stream> s, bool reusable = false) noexcept;
@@ -210,10 +212,10 @@ class device_state : public std::enable_shared_from_this<device_state> {
   std::atomic<std::size_t> pinned_in_use_{0};
   struct pinned_pool;
   std::unique_ptr<pinned_pool> pinned_pool_;
-  void refill_streams() noexcept;
+  /// Creates streams until the pool is full (on a cora thread, when the device opens).
+  void fill_stream_pool() noexcept;
   std::mutex spare_mutex_;
   std::vector<std::unique_ptr<backend::stream>> spare_streams_;
-  bool refilling_ = false;
   std::mutex streams_mutex_;
   std::set<stream_state*> streams_;
   std::mutex hooks_mutex_;

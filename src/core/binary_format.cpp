@@ -268,10 +268,8 @@ std::vector<backend::kernel_desc> read_cpu_kernel_records(std::span<const std::b
 }
 
 bool verify_corabin_image(const corabin_image& image, std::error_code& ec, std::string& message) {
-  if (image_checksum(image.bytes) == image.checksum) return true;
-  ec = make_error_code(errc::invalid_binary);
-  message = "corabin image " + std::to_string(image.index) + " fails its checksum";
-  return false;
+  return image_checksum(image.bytes) == image.checksum ||
+         fail(ec, message, "corabin image " + std::to_string(image.index) + " fails its checksum");
 }
 
 corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std::string& message,
@@ -320,22 +318,20 @@ corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std
       fail(ec, message, "corabin image " + std::to_string(i) + " lies outside the file");
       return {};
     }
-    auto image = bytes.subspan(e.offset, e.size);
-    if (verify_images && image_checksum(image) != e.checksum) {
-      fail(ec, message, "corabin image " + std::to_string(i) + " fails its checksum");
-      return {};
-    }
+    const corabin_image image{static_cast<binary_kind>(e.kind), e.arch, bytes.subspan(e.offset, e.size), i,
+                              e.checksum};
+    if (verify_images && !verify_corabin_image(image, ec, message)) return {};
     const auto kind = static_cast<binary_kind>(e.kind);
     if (kind != binary_kind::cpu_elf && kind != binary_kind::cuda_cubin &&
         kind != binary_kind::cuda_fatbin && kind != binary_kind::cuda_ptx) {
       fail(ec, message, "corabin image " + std::to_string(i) + " has an unknown kind");
       return {};
     }
-    if (sniff_binary(image) != kind) {
+    if (sniff_binary(image.bytes) != kind) {
       fail(ec, message, "corabin image " + std::to_string(i) + " is not what its entry says");
       return {};
     }
-    out.images.push_back({kind, e.arch, image, i, e.checksum});
+    out.images.push_back(image);
   }
   return out;
 }

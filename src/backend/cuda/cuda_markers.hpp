@@ -48,13 +48,11 @@ class marker_source {
   virtual void retire(bool device_done) noexcept = 0;
   /// The native stream may be destroyed by its owner from now on: never query it again.
   void detach() noexcept { detached_.store(true, std::memory_order_release); }
+  bool detached() const noexcept { return detached_.load(std::memory_order_acquire); }
   /// True once every marker recorded so far has completed (known without asking the stream).
   virtual bool reached_all() const noexcept = 0;
   /// Starts positions afresh for a recycled stream; only once reached_all().
   virtual void reset() noexcept = 0;
-
- protected:
-  bool detached() const noexcept { return detached_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> detached_{false};

@@ -75,7 +75,7 @@ cuda_stream::~cuda_stream() {
   // Memory the device writes markers into is freed only once it cannot be written any more.
   // A detached stream may be gone already: its markers tell instead.
   const bool done = ctx_->lost() ||
-                    (detached_.load(std::memory_order_acquire) ? markers_->reached_all() : ctx_->api.cuStreamQuery(stream_) == CUDA_SUCCESS);
+                    (markers_->detached() ? markers_->reached_all() : ctx_->api.cuStreamQuery(stream_) == CUDA_SUCCESS);
   markers_->retire(done);
   markers_.reset();
   // Returns at once; the driver frees the stream when its work is done. An adopted stream

@@ -58,10 +58,7 @@ class cuda_stream final : public stream {
   void* native_handle() const noexcept override { return stream_; }
   bool borrowed() const noexcept override { return !owned_; }
   bool recycle() noexcept override;
-  void detach() noexcept override {
-    detached_.store(true, std::memory_order_release);
-    markers_->detach();
-  }
+  void detach() noexcept override { markers_->detach(); }
 
  private:
   /// False (with the op failed) when the context was lost before this op.
@@ -73,7 +70,6 @@ class cuda_stream final : public stream {
   std::shared_ptr<context> ctx_;
   CUstream stream_;
   bool owned_ = true;
-  std::atomic<bool> detached_{false};  // see backend::stream::detach
   std::unique_ptr<marker_source> markers_;
   std::shared_ptr<stream_faults> faults_;
   std::atomic<std::uint64_t> last_failed_{0};  // the marker query() last found failed

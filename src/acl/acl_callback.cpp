@@ -13,6 +13,33 @@ constexpr std::size_t max_report_threads = 1024;  // CANN's hard limit
 
 std::uint64_t this_thread_id() noexcept { return static_cast<std::uint64_t>(pthread_self()); }
 
+using thread_queues = std::unordered_map<std::uint64_t, std::shared_ptr<report_queue>>;
+
+// Ends the subscription of `stream` held in its `slot` by thread `thread_id` (one of the
+// state's `threads`): report threads and host-function threads alike. The thread's last
+// stream closes its queue: what is still queued will not run, and blocked streams go on.
+aclError unsubscribe(const char* api, std::uint64_t thread_id, aclrtStream stream,
+                     std::shared_ptr<report_queue> stream_obj::*slot, thread_queues state::*threads,
+                     const char* not_subscribed) {
+  auto& st = state::get();
+  std::shared_ptr<report_queue> closing;
+  {
+    std::lock_guard lock(st.mutex);
+    std::shared_ptr<stream_obj> s;
+    if (aclError e = resolve_stream_locked(st, api, stream, s)) return e;
+    auto& q = (*s).*slot;
+    if (!q || q->thread_id != thread_id)
+      return fail(ACL_ERROR_RT_STREAM_SUBSCRIBE, api, not_subscribed + std::to_string(thread_id));
+    if (--q->streams == 0) {
+      (st.*threads).erase(thread_id);
+      closing = q;
+    }
+    q.reset();
+  }
+  if (closing) closing->close();
+  return ACL_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -79,24 +106,8 @@ aclError aclrtSubscribeReport(uint64_t threadId, aclrtStream stream) {
 aclError aclrtUnSubscribeReport(uint64_t threadId, aclrtStream stream) {
   const char* const api = __func__;
   return guarded(api, [&]() -> aclError {
-    auto& st = state::get();
-    std::shared_ptr<report_queue> closing;
-    {
-      std::lock_guard lock(st.mutex);
-      std::shared_ptr<stream_obj> s;
-      if (aclError e = resolve_stream_locked(st, api, stream, s)) return e;
-      if (!s->subscriber || s->subscriber->thread_id != threadId)
-        return fail(ACL_ERROR_RT_STREAM_SUBSCRIBE, api,
-                    "the stream is not subscribed by thread " + std::to_string(threadId));
-      if (--s->subscriber->streams == 0) {
-        st.reporters.erase(threadId);
-        closing = s->subscriber;
-      }
-      s->subscriber.reset();
-    }
-    // The thread's last stream: callbacks still queued will not run, blocked streams go on.
-    if (closing) closing->close();
-    return ACL_SUCCESS;
+    return unsubscribe(api, threadId, stream, &stream_obj::subscriber, &state::reporters,
+                       "the stream is not subscribed by thread ");
   });
 }
 
@@ -193,23 +204,8 @@ aclError aclrtSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream
 aclError aclrtUnSubscribeHostFunc(uint64_t hostFuncThreadId, aclrtStream exeStream) {
   const char* const api = __func__;
   return guarded(api, [&]() -> aclError {
-    auto& st = state::get();
-    std::shared_ptr<report_queue> closing;
-    {
-      std::lock_guard lock(st.mutex);
-      std::shared_ptr<stream_obj> s;
-      if (aclError e = resolve_stream_locked(st, api, exeStream, s)) return e;
-      if (!s->host_func_thread || s->host_func_thread->thread_id != hostFuncThreadId)
-        return fail(ACL_ERROR_RT_STREAM_SUBSCRIBE, api,
-                    "the stream's host functions are not run by thread " + std::to_string(hostFuncThreadId));
-      if (--s->host_func_thread->streams == 0) {
-        st.host_func_threads.erase(hostFuncThreadId);
-        closing = s->host_func_thread;
-      }
-      s->host_func_thread.reset();
-    }
-    if (closing) closing->close();  // a stream blocked on an undelivered function goes on
-    return ACL_SUCCESS;
+    return unsubscribe(api, hostFuncThreadId, exeStream, &stream_obj::host_func_thread,
+                       &state::host_func_threads, "the stream's host functions are not run by thread ");
   });
 }
 

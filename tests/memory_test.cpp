@@ -419,6 +419,39 @@ TEST_P(memory_test, MemoryStatsFollowAllocations) {
   EXPECT_EQ(after.pinned_in_use, before.pinned_in_use);
 }
 
+// On CUDA a freed block serves the next allocation of its size class without a driver call
+// (a pool allocation needs a round trip on the internal stream); trim_memory gives the kept
+// blocks back to the pool and the pool's memory to the system.
+TEST_P(memory_test, FreedDeviceMemoryIsReusedAndTrimmed) {
+  auto rt = own_runtime();
+  auto& d0 = rt->device(0);
+  const void* first = nullptr;
+  {
+    auto b = d0.alloc<std::uint8_t>(3 << 18);
+    first = b.data();
+  }
+  auto again = d0.alloc<std::uint8_t>((3 << 18) - 100);  // the same size class
+  const bool cuda = GetParam() == backend::cuda;
+  if (cuda) {
+    EXPECT_EQ(static_cast<const void*>(again.data()), first);
+  }
+  again.reset();
+  const auto kept = d0.memory_stats();
+  EXPECT_EQ(kept.device_in_use, 0u);
+  if (cuda) {
+    EXPECT_GE(kept.device_reserved, std::size_t{3} << 18);
+  }
+  d0.trim_memory(0);
+  const auto trimmed = d0.memory_stats();
+  EXPECT_EQ(trimmed.device_in_use, 0u);
+  if (cuda) {
+    EXPECT_LT(trimmed.device_reserved, kept.device_reserved);
+  }
+  // Still usable after the trim.
+  auto after = d0.alloc<std::uint8_t>(3 << 18);
+  EXPECT_NE(after.data(), nullptr);
+}
+
 TEST_P(memory_test, NativeHandles) {
   auto s = dev().make_stream();
   auto e = dev().make_event();

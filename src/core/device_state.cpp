@@ -272,7 +272,7 @@ void device_state::free_record(alloc_record* r) noexcept {
       allocations_.erase(r);
       // Stream-ordered where the backend has it (CUDA: cuMemFreeAsync on cora's memory
       // stream): never waits for the device.
-      backend->free(p);
+      backend->free(p, r->size);
       in_use_.fetch_sub(r->size, std::memory_order_relaxed);
       break;
     case alloc_record::origin::pinned_direct:

@@ -14,34 +14,57 @@ namespace cora::detail {
 
 alloc_table::~alloc_table() {
   // Records still here belong to handles that outlived their device's table (the process is
-  // exiting, or a leak): nothing can free them any more.
-  for (auto& [a, r] : records_) delete r;
+  // exiting, or a leak): nothing can free them any more. Each is deleted from the shard of
+  // its base only (it may be in others too).
+  for (unsigned i = 0; i < shard_count; ++i)
+    for (auto& [a, r] : shards_[i].records)
+      if (shard_of(a) == i) delete r;
+}
+
+void alloc_table::span_of(const alloc_record& r, unsigned& first, unsigned& n) noexcept {
+  first = shard_of(r.base);
+  const std::uintptr_t last = r.base + (r.size ? r.size - 1 : 0);
+  const std::uintptr_t granules = (last >> granule_shift) - (r.base >> granule_shift) + 1;
+  n = granules < shard_count ? static_cast<unsigned>(granules) : shard_count;
 }
 
 void alloc_table::insert(alloc_record* r) {
-  std::unique_lock lock(mutex_);
-  records_[r->base] = r;
+  unsigned first = 0, n = 0;
+  span_of(*r, first, n);
+  for (unsigned i = 0; i < n; ++i) {
+    auto& sh = shards_[(first + i) % shard_count];
+    std::unique_lock lock(sh.mutex);
+    sh.records[r->base] = r;
+  }
 }
 
 alloc_record* alloc_table::drop(const void* p) {
-  std::unique_lock lock(mutex_);
-  auto it = records_.find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == records_.end() || it->second->dropped.load(std::memory_order_relaxed)) return nullptr;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  auto& sh = shards_[shard_of(a)];
+  std::unique_lock lock(sh.mutex);
+  auto it = sh.records.find(a);
+  if (it == sh.records.end() || it->second->dropped.load(std::memory_order_relaxed)) return nullptr;
   it->second->dropped.store(true, std::memory_order_release);
   return it->second;
 }
 
 void alloc_table::erase(alloc_record* r) noexcept {
-  std::unique_lock lock(mutex_);
-  auto it = records_.find(r->base);
-  if (it != records_.end() && it->second == r) records_.erase(it);
+  unsigned first = 0, n = 0;
+  span_of(*r, first, n);
+  for (unsigned i = 0; i < n; ++i) {
+    auto& sh = shards_[(first + i) % shard_count];
+    std::unique_lock lock(sh.mutex);
+    auto it = sh.records.find(r->base);
+    if (it != sh.records.end() && it->second == r) sh.records.erase(it);
+  }
 }
 
 bool alloc_table::find(const void* p, memory_region& out, memory_region::kind k, alloc_ref* ref) const {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
-  std::shared_lock lock(mutex_);
-  auto it = records_.upper_bound(a);
-  if (it == records_.begin()) return false;
+  const auto& sh = shards_[shard_of(a)];
+  std::shared_lock lock(sh.mutex);
+  auto it = sh.records.upper_bound(a);
+  if (it == sh.records.begin()) return false;
   --it;
   alloc_record* r = it->second;
   if (a >= r->base + r->size) return false;

@@ -41,10 +41,14 @@ void alloc_table::insert(alloc_record* r) {
 alloc_record* alloc_table::drop(const void* p) {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   auto& sh = shards_[shard_of(a)];
-  std::unique_lock lock(sh.mutex);
+  // A shared lock is enough: the record cannot be erased while it is held, and of two drops
+  // of the same pointer the flag lets one win.
+  std::shared_lock lock(sh.mutex);
   auto it = sh.records.find(a);
-  if (it == sh.records.end() || it->second->dropped.load(std::memory_order_relaxed)) return nullptr;
-  it->second->dropped.store(true, std::memory_order_release);
+  if (it == sh.records.end()) return nullptr;
+  bool expected = false;
+  if (!it->second->dropped.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
+    return nullptr;
   return it->second;
 }
 

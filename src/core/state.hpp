@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/adaptive_mutex.hpp"
 #include "core/engine.hpp"
 #include "cora/binary.hpp"
 #include "cora/device.hpp"
@@ -410,7 +411,7 @@ class stream_state final : public completion_source {
 
   /// Enqueues several backend calls as one op position (e.g. a placeholder copy + launch);
   /// used by launches that stage data first.
-  std::mutex& enqueue_mutex() noexcept { return mutex_; }
+  adaptive_mutex& enqueue_mutex() noexcept { return mutex_; }
   std::uint64_t next_seq_locked() const noexcept { return last_seq_ + 1; }
   void note_marker_for_tail_locked();
   void commit_locked(std::uint64_t seq, op_keep keep);
@@ -475,7 +476,7 @@ class stream_state final : public completion_source {
   /// Advances `completed` past completed markers and releases finished ops' keep-alives.
   bool advance_locked(keep_drop& drop);
 
-  mutable std::mutex mutex_;
+  mutable adaptive_mutex mutex_;
   std::uint64_t last_seq_ = 0;
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> tail_watch_{0};

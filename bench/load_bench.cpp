@@ -214,7 +214,11 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool 
       const auto t0 = clk::now();
       CUmodule m = nullptr;
       if (from_file) {
-        const auto bytes = read_all(img.path);
+        // Read as cora reads (open, fstat, one read), not through a character iterator.
+        std::error_code ec;
+        std::string message;
+        const auto bytes = cora::detail::read_whole_file_sync(img.path, ec, message);
+        if (ec) throw std::runtime_error(message);
         cb::check(r.api().cuModuleLoadDataEx(&m, bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
       } else {
         cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");

@@ -146,7 +146,7 @@ bool plan_load(device_state& dev, std::span<const std::byte> head, std::uint64_t
       // image for another device, which this load never touches.
       corabin container = parse_corabin_meta(head, file_size, ec, message);
       if (ec) return false;
-      corabin_image* img = const_cast<corabin_image*>(pick_image(container, dev));
+      const corabin_image* img = pick_image(container, dev);
       if (!img) {
         std::string have;
         for (const auto& i : container.images) have += std::string(have.empty() ? "" : ", ") + binary_kind_name(i.kind);
@@ -298,7 +298,12 @@ struct file_load : std::enable_shared_from_this<file_load> {
   }
 
   void read_head(std::size_t n) {
-    head.reset(new std::byte[n]);
+    try {
+      head.reset(new std::byte[n]);  // at most a header's worth of metadata (under 5 MiB)
+    } catch (const std::bad_alloc&) {
+      return fail_load(std::make_error_code(std::errc::not_enough_memory),
+                       "its metadata does not fit in memory");
+    }
     head_size = n;
     file->read(0, n, head.get(), [self = shared_from_this()](std::error_code ec, std::string message) {
       if (ec) return self->fail(ec, std::move(message));

@@ -165,6 +165,7 @@ bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
       return fail(ec, message, "kernel '" + k.name + "' is defined twice");
     if (r.flags & CORA_KERNEL_FLAG_HAS_ENTRY_KEY) k.entry_key = r.entry_key;
     k.form = r.flags & (CORA_KERNEL_FLAG_PHASED | CORA_KERNEL_FLAG_RAW_BARRIER);
+    k.params.reserve(r.param_count);
     for (std::uint32_t p = 0; p < r.param_count; ++p) {
       const std::uint32_t size = r.param_size[p];
       const std::uint32_t align = r.param_align[p] & ~CORA_KERNEL_PARAM_POINTER;
@@ -507,7 +508,10 @@ std::vector<std::byte> write_corabin(const std::vector<corabin_input>& images,
 std::size_t canonical_block_size(const std::vector<backend::param_desc>& params, bool& ok) noexcept {
   std::size_t end = 0;
   for (const auto& p : params) {
-    end = next_param_offset(end, p.align) + p.size;
+    // next_param_offset with a mask, not a division: every load checks every kernel's records
+    // (twice on the CPU device), and alignments are powers of two (read_records checks them).
+    const std::size_t slot = slot_alignment(p.align);
+    end = ((slot & (slot - 1)) == 0 ? (end + slot - 1) & ~(slot - 1) : next_param_offset(end, p.align)) + p.size;
     if (end > max_args_block) {
       ok = false;
       return 0;

@@ -256,17 +256,22 @@ foreign_memory cuda_device::describe_pointer(const void* p) noexcept {
   if (!cur) return out;
   CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
   unsigned int type = 0;
   unsigned int managed = 0;  // CUDA writes a bool-sized value; zeroed so either width reads right
   int ordinal = -1;
   CUdeviceptr start = 0;
   std::size_t size = 0;
-  void* data[] = {&type, &managed, &ordinal, &start, &size};
+  CUmemoryPool from_pool = nullptr;
+  void* data[] = {&type, &managed, &ordinal, &start, &size, &from_pool};
   // CUDA 12+ answers CUDA_ERROR_INVALID_VALUE for memory the driver does not know (pageable
   // host memory); older drivers succeed with a zero memory type.
-  const CUresult r = ctx_->api.cuPointerGetAttributes(5, attrs, data, reinterpret_cast<CUdeviceptr>(p));
+  const CUresult r = ctx_->api.cuPointerGetAttributes(6, attrs, data, reinterpret_cast<CUdeviceptr>(p));
   if (r != CUDA_SUCCESS || type == 0) return out;
+  // cora's own pool hands out memory only through the core, which asks here only about
+  // addresses it does not know: such memory was freed (and is kept for reuse, so the driver
+  // still reports it live).
+  if (pool_ && from_pool == pool_) return out;
   if (managed & 0xff)
     out.k = foreign_memory::kind::managed;
   else if (type == CU_MEMORYTYPE_HOST)

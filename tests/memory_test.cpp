@@ -483,6 +483,33 @@ TEST_P(memory_test, FreedDeviceMemoryIsReusedAndTrimmed) {
   EXPECT_NE(after.data(), nullptr);
 }
 
+// When a blocking wait returns, what its op held is released, even when another thread's
+// poll took the op's keep-alives: the buffers of the op are out of use at once.
+TEST_P(memory_test, BlockingWaitReturnsAfterTheOpsBuffersAreReleased) {
+  auto s = dev().make_stream();
+  const auto base = dev().memory_stats();
+  std::atomic<bool> stop{false};
+  std::thread poller([&] {
+    while (!stop.load(std::memory_order_relaxed)) (void)s.idle();
+  });
+  int late = 0;
+  for (int i = 0; i < 2000; ++i) {
+    pending<void> done;
+    {
+      auto h = dev().alloc_host<std::uint8_t>(4096);
+      auto d = dev().alloc<std::uint8_t>(4096);
+      (void)s.copy(d, h);
+      done = s.copy(h, d);
+    }  // dropped: the copies keep them
+    done.wait();
+    const auto now = dev().memory_stats();
+    if (now.device_in_use != base.device_in_use || now.pinned_in_use != base.pinned_in_use) ++late;
+  }
+  stop = true;
+  poller.join();
+  EXPECT_EQ(late, 0) << "waits that returned before their op's buffers were released";
+}
+
 TEST_P(memory_test, NativeHandles) {
   auto s = dev().make_stream();
   auto e = dev().make_event();

@@ -386,6 +386,7 @@ class keep_drop {
   op_keep& next();
   /// Releases what was collected (call outside the lock).
   void release() noexcept;
+  bool empty() const noexcept { return used_ == 0; }
 
  private:
   std::vector<op_keep> items_;
@@ -477,6 +478,11 @@ class stream_state final : public completion_source {
   bool advance_locked(keep_drop& drop);
 
   mutable adaptive_mutex mutex_;
+  // Pollers between taking finished ops' keep-alives (under the lock) and releasing them
+  // (after it): a blocking wait that sees its op complete lets them finish, so that what the
+  // op held (its buffers, say) is back in the pools when the wait returns.
+  std::atomic<unsigned> releasing_{0};
+  void settle_releases() const noexcept;
   std::uint64_t last_seq_ = 0;
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> tail_watch_{0};

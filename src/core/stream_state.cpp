@@ -106,8 +106,11 @@ void stream_state::commit_locked(std::uint64_t seq, op_keep keep) {
   keep_drop drop;
   advance_locked(drop);
   trim_at_ = keepalive_.size() + keepalive_trim;
+  if (drop.empty()) return;
+  releasing_.fetch_add(1, std::memory_order_relaxed);
   mutex_.unlock();  // finished ops' resources are released without the lock
   drop.release();
+  releasing_.fetch_sub(1, std::memory_order_release);
   mutex_.lock();
 }
 
@@ -328,8 +331,11 @@ bool stream_state::poll(std::vector<wait_node*>& fired) {
   {
     std::lock_guard lock(mutex_);
     progress = poll_locked(fired, drop);
+    if (drop.empty()) return progress;
+    releasing_.fetch_add(1, std::memory_order_relaxed);
   }
   drop.release();  // finished ops' resources go here, outside the lock
+  releasing_.fetch_sub(1, std::memory_order_release);
   return progress;
 }
 
@@ -370,14 +376,26 @@ bool stream_state::advance() {
   {
     std::lock_guard lock(mutex_);
     progress = advance_locked(drop);
+    if (drop.empty()) return progress;
+    releasing_.fetch_add(1, std::memory_order_relaxed);
   }
   drop.release();  // finished ops' resources go here, outside the lock
+  releasing_.fetch_sub(1, std::memory_order_release);
   return progress;
+}
+
+void stream_state::settle_releases() const noexcept {
+  // Bounded: a release never waits on this stream, but nothing must hang if one ever did.
+  for (int i = 0; i < 10000 && releasing_.load(std::memory_order_acquire) != 0; ++i)
+    std::this_thread::yield();
 }
 
 std::error_code stream_state::block(std::uint64_t seq) {
   std::error_code ec;
-  if (ready(seq, ec)) return ec;
+  if (ready(seq, ec)) {
+    settle_releases();
+    return ec;
+  }
   if (const host_func_scope* h = host_func_scope::current(); h && h->stream == this) {
     // The host function is an op of this stream: everything after it waits for it to return.
     set_error(ec, std::make_error_code(std::errc::resource_deadlock_would_occur),
@@ -416,6 +434,7 @@ std::error_code stream_state::block(std::uint64_t seq) {
     }
     block_on_front(deadline);
   }
+  settle_releases();
   std::lock_guard lock(mutex_);
   return result_locked(s, sync);
 }

@@ -104,14 +104,15 @@ void stream_state::commit_locked(std::uint64_t seq, op_keep keep) {
   // ops kept alive is released. Waiters are left to their pollers.
   if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
   keep_drop drop;
+  releasing_.fetch_add(1, std::memory_order_relaxed);  // before completed_ can move
   advance_locked(drop);
   trim_at_ = keepalive_.size() + keepalive_trim;
-  if (drop.empty()) return;
-  releasing_.fetch_add(1, std::memory_order_relaxed);
-  mutex_.unlock();  // finished ops' resources are released without the lock
-  drop.release();
+  if (!drop.empty()) {
+    mutex_.unlock();  // finished ops' resources are released without the lock
+    drop.release();
+    mutex_.lock();
+  }
   releasing_.fetch_sub(1, std::memory_order_release);
-  mutex_.lock();
 }
 
 void stream_state::keep_until_tail(op_keep keep) {
@@ -330,9 +331,12 @@ bool stream_state::poll(std::vector<wait_node*>& fired) {
   bool progress;
   {
     std::lock_guard lock(mutex_);
+    // Counted before completed_ can move: a blocking wait that sees its op complete then
+    // sees this poll's release still to come.
+    const bool keeps = !keepalive_.empty();
+    if (keeps) releasing_.fetch_add(1, std::memory_order_relaxed);
     progress = poll_locked(fired, drop);
-    if (drop.empty()) return progress;
-    releasing_.fetch_add(1, std::memory_order_relaxed);
+    if (!keeps) return progress;
   }
   drop.release();  // finished ops' resources go here, outside the lock
   releasing_.fetch_sub(1, std::memory_order_release);
@@ -375,9 +379,10 @@ bool stream_state::advance() {
   bool progress;
   {
     std::lock_guard lock(mutex_);
+    const bool keeps = !keepalive_.empty();
+    if (keeps) releasing_.fetch_add(1, std::memory_order_relaxed);  // as in poll()
     progress = advance_locked(drop);
-    if (drop.empty()) return progress;
-    releasing_.fetch_add(1, std::memory_order_relaxed);
+    if (!keeps) return progress;
   }
   drop.release();  // finished ops' resources go here, outside the lock
   releasing_.fetch_sub(1, std::memory_order_release);

@@ -110,8 +110,6 @@ TEST_P(acl_stream_test, FailureModeAndAttributes) {
   ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
   EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_CONTINUE_ON_FAILURE), ACL_SUCCESS);
   EXPECT_EQ(aclrtSetStreamFailureMode(s, 7), ACL_ERROR_INVALID_PARAM);  // no such mode
-  EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
-  EXPECT_NE(std::string(aclGetRecentErrMsg()).find("STOP_ON_FAILURE"), std::string::npos);
   int stale = 0;
   EXPECT_EQ(aclrtSetStreamFailureMode(&stale, ACL_CONTINUE_ON_FAILURE), ACL_ERROR_RT_INVALID_HANDLE);
   aclrtStreamAttrValue v{};
@@ -124,6 +122,69 @@ TEST_P(acl_stream_test, FailureModeAndAttributes) {
   EXPECT_EQ(aclrtSetStreamAttribute(s, static_cast<aclrtStreamAttr>(7), &v), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtGetStreamAttribute(s, static_cast<aclrtStreamAttr>(0), &v), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtGetStreamAttribute(s, ACL_STREAM_ATTR_PRIORITY, nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, StopOnFailureLeavesLaterTasksUnrun) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  if (GetParam() == backend::cuda) {
+    EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_NE(std::string(aclGetRecentErrMsg()).find("STOP_ON_FAILURE"), std::string::npos);
+    EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+    return;
+  }
+  ASSERT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_SUCCESS) << aclGetRecentErrMsg();
+  aclrtStreamAttrValue v{};
+  ASSERT_EQ(aclrtGetStreamAttribute(s, ACL_STREAM_ATTR_FAILURE_MODE, &v), ACL_SUCCESS);
+  EXPECT_EQ(v.failureMode, ACL_STOP_ON_FAILURE);
+  void* out = dmalloc(64);
+  void* mark = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(mark, 8, 0, 8), ACL_SUCCESS);
+  void* args[] = {&out};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 5, 0, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 0u);  // the task behind the failed one did not run
+  ASSERT_EQ(aclrtValueWrite(mark, 6, 0, s), ACL_SUCCESS);  // reported: the stream runs again
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 6u);
+  // Back to CONTINUE: the task behind a failure runs.
+  v.failureMode = ACL_CONTINUE_ON_FAILURE;
+  ASSERT_EQ(aclrtSetStreamAttribute(s, ACL_STREAM_ATTR_FAILURE_MODE, &v), ACL_SUCCESS);
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 7, 0, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 7u);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, AbortDiscardsQueuedTasks) {
+  void* word = dmalloc(8);
+  void* mark = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(word, 8, 0, 8), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemset(mark, 8, 0, 8), ACL_SUCCESS);
+  aclrtStream s = nullptr, other = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&other), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 1, 1 /* EQ */, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 5, 0, s), ACL_SUCCESS);
+  if (cuda()) {
+    EXPECT_EQ(aclrtStreamAbort(s), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_NE(aclGetRecentErrMsg(), nullptr);
+    ASSERT_EQ(aclrtValueWrite(word, 1, 0, other), ACL_SUCCESS);
+  } else {
+    ASSERT_EQ(aclrtStreamAbort(s), ACL_SUCCESS) << aclGetRecentErrMsg();
+    EXPECT_EQ(download<uint64_t>(mark, 1)[0], 0u);  // the queued task was discarded
+    EXPECT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);  // the abort is not reported as a failure
+    ASSERT_EQ(aclrtValueWrite(mark, 6, 0, s), ACL_SUCCESS);  // the stream takes new work
+    ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+    EXPECT_EQ(download<uint64_t>(mark, 1)[0], 6u);
+  }
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  int not_a_stream = 0;
+  EXPECT_EQ(aclrtStreamAbort(&not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtDestroyStream(other), ACL_SUCCESS);
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 
@@ -184,6 +245,43 @@ TEST_P(acl_stream_test, ValueWriteAndWaitWithTimeout) {
   EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);
   EXPECT_EQ(aclrtDestroyEvent(ev), ACL_SUCCESS);
   EXPECT_EQ(aclrtDestroyStream(other), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, ValueWaitHoldsTheStreamUntilAValueWriteOfAnother) {
+  void* word = dmalloc(8);
+  void* flag = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(word, 8, 0, 8), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemset(flag, 8, 0, 8), ACL_SUCCESS);
+  aclrtStream s = nullptr, writer = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 2, 0 /* GEQ */, s), ACL_SUCCESS) << aclGetRecentErrMsg();
+  ASSERT_EQ(aclrtValueWrite(flag, 1, 0, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(word, 1, 0, writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(writer), ACL_SUCCESS);
+  aclrtStreamStatus status = ACL_STREAM_STATUS_RESERVED;
+  ASSERT_EQ(aclrtStreamQuery(s, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_STREAM_STATUS_NOT_READY);  // 1 < 2: still waiting
+  EXPECT_EQ(download<uint64_t>(flag, 1)[0], 0u);
+  ASSERT_EQ(aclrtValueWrite(word, 2, 0, writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(download<uint64_t>(flag, 1)[0], 1u);
+
+  // EQ, AND, NOR on a word that satisfies them (it holds 2).
+  ASSERT_EQ(aclrtValueWait(word, 2, 1, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 3, 2, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 1, 3, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+
+  EXPECT_EQ(aclrtValueWait(nullptr, 0, 0, s), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtValueWait(word, 0, 4, s), ACL_ERROR_INVALID_PARAM);
+  uint64_t pageable = 0;
+  EXPECT_EQ(aclrtValueWait(&pageable, 0, 0, s), ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_EQ(aclrtValueWait(static_cast<char*>(word) + 4, 0, 0, s), ACL_ERROR_RT_PARAM_INVALID);
+  int not_a_stream = 0;
+  EXPECT_EQ(aclrtValueWait(word, 0, 0, &not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtDestroyStream(writer), ACL_SUCCESS);
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 

@@ -1,5 +1,7 @@
 #include "cora/stream.hpp"
 
+#include "cora/runtime.hpp"
+
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -216,6 +218,196 @@ TEST_P(stream_test, HostFunctionRunsInStreamOrder) {
   std::uint32_t seen = 0;
   s.host_func([&] { seen = h[0]; }).wait();
   EXPECT_EQ(seen, 0x05050505u);
+}
+
+TEST_P(stream_test, StopOnFailureSkipsTheOpsBehindAFailedOneUntilSynchronize) {
+  auto s = dev().make_stream();
+  std::error_code ec;
+  s.stop_on_failure(true, ec);
+  if (GetParam() == backend::cuda) {  // a GPU stream cannot hold back work handed to the driver
+    EXPECT_EQ(ec, make_error_code(errc::not_supported));
+    return;
+  }
+  ASSERT_FALSE(ec) << ec.message();
+  auto other = dev().make_stream();
+  auto out = dev().alloc<std::uint32_t>(2);
+  auto mark = dev().alloc<std::uint32_t>(1);
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  other.fill(mark, 0).wait();
+  auto trap = s.launch(kernels().kernel("trap"), {.grid = 2}, out);
+  auto behind = s.fill(mark, 9);
+  auto behind2 = s.host_func([] {});
+  EXPECT_CORA_ERROR(trap.wait(), errc::kernel_fault);
+  EXPECT_CORA_ERROR(behind.wait(), errc::kernel_fault);
+  EXPECT_CORA_ERROR(behind2.wait(), errc::kernel_fault);
+  other.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0u) << "an op behind the failed one ran";
+  // Enqueued after the failure, before the synchronize that reports it: not run either.
+  auto late = s.fill(mark, 8);
+  EXPECT_CORA_ERROR(late.wait(), errc::kernel_fault);
+  other.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0u);
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::kernel_fault);
+  // Reported: the stream runs again.
+  (void)s.fill(mark, 1);
+  s.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0x01010101u);
+
+  // Continue on failure (the default): the op behind the trap runs.
+  s.stop_on_failure(false);
+  (void)s.launch(kernels().kernel("trap"), {.grid = 2}, out);
+  (void)s.fill(mark, 9);
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::kernel_fault);
+  other.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0x09090909u);
+}
+
+// --- memory-value waits and writes ---------------------------------------------------------
+
+TEST_P(stream_test, WaitValueHoldsLaterWorkUntilTheWordSatisfiesIt) {
+  auto s = dev().make_stream();
+  auto other = dev().make_stream();
+  auto word = dev().alloc<std::uint64_t>(1);
+  auto flag = dev().alloc<std::uint32_t>(1);
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  other.fill(word, 0).wait();
+  other.fill(flag, 0).wait();
+  auto waited = s.wait_value(word.data(), std::uint64_t{5}, wait_condition::geq);
+  auto after = s.write_value(flag.data(), std::uint32_t{1});
+  other.write_value(word.data(), std::uint64_t{3}).wait();  // 3 < 5: still waiting
+  EXPECT_FALSE(s.idle());
+  other.copy(h, flag).wait();
+  EXPECT_EQ(h[0], 0u);  // the write behind the wait has not run
+  other.write_value(word.data(), std::uint64_t{7}).wait();
+  waited.wait();
+  after.wait();
+  s.copy(h, flag).wait();
+  EXPECT_EQ(h[0], 1u);
+}
+
+TEST_P(stream_test, WaitValueConditionsAreCudasAndCanns) {
+  auto s = dev().make_stream();
+  auto w32 = dev().alloc<std::uint32_t>(1);
+  auto w64 = dev().alloc<std::uint64_t>(1);
+  auto set32 = [&](std::uint32_t v) { s.write_value(w32.data(), v).wait(); };
+  auto set64 = [&](std::uint64_t v) { s.write_value(w64.data(), v).wait(); };
+  // Each condition, on a word that already satisfies it: the wait completes.
+  set32(1);
+  s.wait_value(w32.data(), 0xffffffffu, wait_condition::geq).wait();  // cyclic: 1 - (-1) = 2 >= 0
+  s.wait_value(w32.data(), 1u, wait_condition::eq).wait();
+  s.wait_value(w32.data(), 3u, wait_condition::and_nonzero).wait();
+  s.wait_value(w32.data(), 0xfffffff0u, wait_condition::nor_nonzero).wait();  // ~(1 | 0xfffffff0) = 0xe
+  set64(std::uint64_t{1} << 40);
+  s.wait_value(w64.data(), std::uint64_t{1} << 40, wait_condition::eq).wait();
+  s.wait_value(w64.data(), std::uint64_t{1} << 39, wait_condition::geq).wait();
+  s.wait_value(w64.data(), (std::uint64_t{1} << 40) | 1, wait_condition::and_nonzero).wait();
+  s.wait_value(w64.data(), 0, wait_condition::nor_nonzero).wait();
+
+  // Each condition, on a word that does not satisfy it yet: the stream waits, then goes on.
+  auto other = dev().make_stream();
+  struct step {
+    wait_condition c;
+    std::uint32_t operand, before, after;
+  };
+  for (const step& st : {step{wait_condition::geq, 10, 9, 10}, step{wait_condition::geq, 0xfffffff0u, 0xffffffe0u, 2},
+                         step{wait_condition::eq, 4, 5, 4}, step{wait_condition::and_nonzero, 6, 1, 4},
+                         step{wait_condition::nor_nonzero, 0xfffffff0u, 0xffffffffu, 0xfffffff7u}}) {
+    set32(st.before);
+    auto p = s.wait_value(w32.data(), st.operand, st.c);
+    EXPECT_FALSE(s.idle()) << "condition " << static_cast<int>(st.c) << " held on " << st.before;
+    other.write_value(w32.data(), st.after).wait();
+    p.wait();
+  }
+}
+
+TEST_P(stream_test, WaitValueSeesAHostStoreToPinnedMemory) {
+  auto s = dev().make_stream();
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  h[0] = 0;
+  auto p = s.wait_value(h.data(), 1u, wait_condition::eq);
+  EXPECT_FALSE(s.idle());
+  __atomic_store_n(h.data(), 1u, __ATOMIC_RELEASE);
+  p.wait();
+}
+
+TEST_P(stream_test, WaitValueRefusesWordsTheDeviceCannotWatch) {
+  auto s = dev().make_stream();
+  auto w = dev().alloc<std::uint64_t>(2);
+  EXPECT_CORA_ERROR(s.wait_value(static_cast<const std::uint64_t*>(nullptr), 0).wait(), errc::invalid_pointer);
+  const auto* odd = reinterpret_cast<const std::uint64_t*>(reinterpret_cast<const char*>(w.data()) + 4);
+  EXPECT_CORA_ERROR(s.wait_value(odd, 0).wait(), errc::invalid_pointer);
+  std::uint64_t pageable = 0;
+  EXPECT_CORA_ERROR(s.wait_value(&pageable, 0).wait(), errc::invalid_pointer);
+  EXPECT_CORA_ERROR(s.write_value(&pageable, 1).wait(), errc::invalid_pointer);
+  EXPECT_CORA_ERROR(s.wait_value(w.data(), 0, static_cast<wait_condition>(4)).wait(), errc::invalid_argument);
+  s.synchronize().wait();
+}
+
+TEST_P(stream_test, AbortDiscardsTheWorkThatHasNotStarted) {
+  auto s = dev().make_stream();
+  auto other = dev().make_stream();
+  auto word = dev().alloc<std::uint64_t>(1);
+  auto mark = dev().alloc<std::uint32_t>(1);
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  other.fill(word, 0).wait();
+  other.fill(mark, 0).wait();
+  auto waiting = s.wait_value(word.data(), std::uint64_t{1}, wait_condition::eq);
+  auto behind = s.fill(mark, 5);
+  std::error_code ec;
+  s.abort(ec);
+  if (GetParam() == backend::cuda) {  // a GPU stream cannot recall what the driver holds
+    EXPECT_EQ(ec, make_error_code(errc::not_supported));
+    other.write_value(word.data(), std::uint64_t{1}).wait();
+    s.synchronize().wait();
+    return;
+  }
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_CORA_ERROR(waiting.wait(), errc::aborted);  // a wait in progress ends
+  EXPECT_CORA_ERROR(behind.wait(), errc::aborted);
+  other.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0u) << "a discarded op ran";
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::aborted);
+
+  // A running launch finishes; what is queued behind it is discarded.
+  auto go = dev().alloc_host<std::uint32_t>(1);
+  auto done = dev().alloc_host<std::uint32_t>(1);
+  go[0] = 0;
+  done[0] = 0;
+  auto spin = s.launch(kernels().kernel("spin_until_set"), {}, go.data(), done.data(), std::uint64_t{30000000});
+  auto queued = s.fill(mark, 6);
+  s.abort();
+  __atomic_store_n(go.data(), 1u, __ATOMIC_RELEASE);
+  spin.wait();
+  EXPECT_EQ(__atomic_load_n(done.data(), __ATOMIC_ACQUIRE), 1u);  // released, not timed out
+  EXPECT_CORA_ERROR(queued.wait(), errc::aborted);
+  EXPECT_CORA_ERROR(s.synchronize().wait(), errc::aborted);
+  // The stream takes new work.
+  (void)s.fill(mark, 1);
+  s.copy(h, mark).wait();
+  EXPECT_EQ(h[0], 0x01010101u);
+}
+
+// A wait whose word is never written ends when the runtime shuts down; nothing hangs.
+TEST(stream_value_wait, ShutdownEndsAWaitThatNeverHolds) {
+  stream s;
+  pending<void> waited, behind;
+  device_buffer<std::uint64_t> word;
+  {
+    runtime_options o;
+    o.use_environment = false;
+    o.backend = backend_selection::cpu;
+    runtime rt(o);
+    s = rt.device(0).make_stream();
+    word = rt.device(0).alloc<std::uint64_t>(1);
+    s.fill(word, 0).wait();
+    waited = s.wait_value(word.data(), std::uint64_t{1}, wait_condition::eq);
+    behind = s.fill(word, 1);
+    EXPECT_FALSE(s.idle());
+  }
+  EXPECT_CORA_ERROR(waited.wait(), errc::runtime_shut_down);
+  EXPECT_CORA_ERROR(behind.wait(), errc::runtime_shut_down);
+  word.reset();
+  s = stream();
 }
 
 }  // namespace

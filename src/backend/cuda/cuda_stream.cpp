@@ -309,6 +309,55 @@ void cuda_stream::wait(std::uint64_t seq, event& ev) {
   if (r != CUDA_SUCCESS) failed(seq, r, "cuStreamWaitEvent");
 }
 
+// A memory operation the driver refused outright (an address it cannot reach, NOR on a device
+// without it) fails the op at once; any other failure is the stream's fault.
+static bool refused_memop(CUresult r) noexcept {
+  return r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED;
+}
+
+void cuda_stream::wait_value(std::uint64_t seq, const void* addr, std::uint64_t value,
+                             unsigned condition, bool wide, std::error_code& ec,
+                             std::string& message) {
+  ec.clear();
+  if (!usable(seq)) return;
+  current_context cur(*ctx_);
+  // CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR have the values of cora's conditions.
+  const auto ptr = reinterpret_cast<CUdeviceptr>(addr);
+  CUresult r = cur.result;
+  if (cur)
+    r = wide ? ctx_->api.cuStreamWaitValue64(stream_, ptr, value, condition)
+             : ctx_->api.cuStreamWaitValue32(stream_, ptr, static_cast<cuuint32_t>(value), condition);
+  if (r == CUDA_SUCCESS) return;
+  const std::string what = wide ? "cuStreamWaitValue64" : "cuStreamWaitValue32";
+  if (refused_memop(r)) {
+    ec = to_error_code(r);
+    message = what + ": " + describe(r);
+    return;
+  }
+  failed(seq, r, what);
+}
+
+void cuda_stream::write_value(std::uint64_t seq, void* addr, std::uint64_t value, bool wide,
+                              std::error_code& ec, std::string& message) {
+  ec.clear();
+  if (!usable(seq)) return;
+  current_context cur(*ctx_);
+  const auto ptr = reinterpret_cast<CUdeviceptr>(addr);
+  CUresult r = cur.result;
+  if (cur)
+    r = wide ? ctx_->api.cuStreamWriteValue64(stream_, ptr, value, CU_STREAM_WRITE_VALUE_DEFAULT)
+             : ctx_->api.cuStreamWriteValue32(stream_, ptr, static_cast<cuuint32_t>(value),
+                                              CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r == CUDA_SUCCESS) return;
+  const std::string what = wide ? "cuStreamWriteValue64" : "cuStreamWriteValue32";
+  if (refused_memop(r)) {
+    ec = to_error_code(r);
+    message = what + ": " + describe(r);
+    return;
+  }
+  failed(seq, r, what);
+}
+
 marker cuda_stream::record_marker(std::uint64_t seq) {
   device_.count_marker();
   marker m{seq, nullptr};

@@ -181,9 +181,13 @@ __device__ inline std::uint64_t clock_ns() {
 #define CORA_DEVICE inline
 /// Defines a global variable of the device code, `type name = init` (a constant initializer),
 /// that the host finds with binary::global("name") (CANN's aclrtBinaryGetGlobal).
-#define CORA_GLOBAL(type, name, init)                   \
-  extern "C" {                                          \
-  __attribute__((visibility("default"))) type name = init; \
+/// Its size goes beside it (cora_global_size_<name>): the symbol's own size may include
+/// padding that a sanitizer adds around globals.
+#define CORA_GLOBAL(type, name, init)                                                       \
+  extern "C" {                                                                              \
+  __attribute__((visibility("default"))) type name = init;                                  \
+  __attribute__((visibility("default"))) extern const unsigned long long cora_global_size_##name = \
+      sizeof(type);                                                                         \
   }
 /// Declares `type* name`: `count` elements of memory shared by the threads of a block
 /// (`count` a constant; at most 48 KiB a block; uninitialized). Put it at the top of the body.

@@ -172,6 +172,11 @@ void* cpu_module::global(const std::string& name, std::size_t& size, std::error_
     return nullptr;
   }
   size = static_cast<std::size_t>(sym->st_size);
+  // CORA_GLOBAL records the variable's size beside it; the symbol's size may include padding
+  // that a sanitizer adds.
+  if (const auto* recorded =
+          static_cast<const unsigned long long*>(::dlsym(handle_, ("cora_global_size_" + name).c_str())))
+    size = static_cast<std::size_t>(*recorded);
   if (globals_ && size) {
     std::lock_guard lock(published_mutex_);
     if (std::find(published_.begin(), published_.end(), address) == published_.end()) {

@@ -61,6 +61,9 @@ TEST_P(binary_test, GlobalsOfTheDeviceCodeAreFoundByName) {
   EXPECT_EQ(h[0], 42u);
   EXPECT_CORA_ERROR(b.global("no_such_global"), errc::kernel_not_found);
   EXPECT_CORA_ERROR(b.global("bump_global"), errc::kernel_not_found);  // a kernel is no global
+  // Refused before the driver is asked (CUDA would answer an empty name as an invalid value).
+  EXPECT_CORA_ERROR(b.global(""), errc::invalid_argument);
+  EXPECT_CORA_ERROR(b.global(std::string_view("cora_test_counter\0x", 19)), errc::invalid_argument);
   b.unload();
   EXPECT_CORA_ERROR(b.global("cora_test_counter"), errc::binary_unloaded);
 }

@@ -84,7 +84,8 @@ class binary {
   /// The global variable `name` (defined with CORA_GLOBAL): on a GPU its device memory, on
   /// the CPU device the loaded image's own data (host memory, where the kernels see it). Copies
   /// read and write it; it lives while the binary is loaded. Loads a lazily loaded binary.
-  /// @throws cora::error (errc::kernel_not_found, errc::binary_unloaded).
+  /// @throws cora::error (errc::kernel_not_found, errc::binary_unloaded, errc::invalid_argument
+  ///         for an empty name).
   device_global global(std::string_view name) const;
   device_global global(std::string_view name, std::error_code& ec) const;
   /// Names of every kernel in the binary.

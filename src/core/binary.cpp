@@ -354,6 +354,10 @@ device_global binary::global(std::string_view name, std::error_code& ec) const {
     detail::set_error(ec, errc::binary_unloaded, "the binary was unloaded");
     return {};
   }
+  if (name.empty() || name.find('\0') != std::string_view::npos) {
+    detail::set_error(ec, errc::invalid_argument, "a global's name must be non-empty, without NUL characters");
+    return {};
+  }
   std::string message;
   auto module = s_->ensure_loaded(ec, message);
   if (ec) {

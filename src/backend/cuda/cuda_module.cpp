@@ -266,7 +266,9 @@ void* cuda_module::global(const std::string& name, std::size_t& size, std::error
   CUdeviceptr address = 0;
   std::size_t bytes = 0;
   const CUresult r = ctx_->api.cuModuleGetGlobal(&address, &bytes, module_, name.c_str());
-  if (r == CUDA_ERROR_NOT_FOUND) {
+  // The driver answers a name the image lacks with CUDA_ERROR_NOT_FOUND or, as the H200's
+  // driver 580 does, CUDA_ERROR_INVALID_VALUE (the other arguments are valid here).
+  if (r == CUDA_ERROR_NOT_FOUND || (r == CUDA_ERROR_INVALID_VALUE && !name.empty())) {
     ec = make_error_code(errc::kernel_not_found);
     message = "no global '" + name + "' in the loaded image (declare it with CORA_GLOBAL)";
     return nullptr;

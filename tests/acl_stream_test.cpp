@@ -18,6 +18,24 @@ class acl_stream_test : public acl_test {
     EXPECT_EQ(aclrtMemset(f, 4, 0, 4), ACL_SUCCESS);
     return f;
   }
+  // A zeroed 64-bit word for aclrtValueWait/Write: device memory on the CPU device, pinned host
+  // memory on CUDA, whose stream memory operations do not take cora's pool memory.
+  void* value_word() {
+    void* p = nullptr;
+    if (cuda()) {
+      EXPECT_EQ(aclrtMallocHost(&p, 8), ACL_SUCCESS) << aclGetRecentErrMsg();
+      if (p) __atomic_store_n(static_cast<uint64_t*>(p), uint64_t{0}, __ATOMIC_RELEASE);
+    } else {
+      p = dmalloc(8);
+      EXPECT_EQ(aclrtMemset(p, 8, 0, 8), ACL_SUCCESS);
+    }
+    return p;
+  }
+  // The word's value once the tasks that wrote it have completed.
+  uint64_t read_word(const void* p) {
+    if (cuda()) return __atomic_load_n(static_cast<const uint64_t*>(p), __ATOMIC_ACQUIRE);
+    return download<uint64_t>(p, 1)[0];
+  }
 };
 CORA_ACL_SUITE(acl_stream_test);
 
@@ -160,10 +178,8 @@ TEST_P(acl_stream_test, StopOnFailureLeavesLaterTasksUnrun) {
 }
 
 TEST_P(acl_stream_test, AbortDiscardsQueuedTasks) {
-  void* word = dmalloc(8);
-  void* mark = dmalloc(8);
-  ASSERT_EQ(aclrtMemset(word, 8, 0, 8), ACL_SUCCESS);
-  ASSERT_EQ(aclrtMemset(mark, 8, 0, 8), ACL_SUCCESS);
+  void* word = value_word();
+  void* mark = value_word();
   aclrtStream s = nullptr, other = nullptr;
   ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
   ASSERT_EQ(aclrtCreateStream(&other), ACL_SUCCESS);
@@ -175,11 +191,11 @@ TEST_P(acl_stream_test, AbortDiscardsQueuedTasks) {
     ASSERT_EQ(aclrtValueWrite(word, 1, 0, other), ACL_SUCCESS);
   } else {
     ASSERT_EQ(aclrtStreamAbort(s), ACL_SUCCESS) << aclGetRecentErrMsg();
-    EXPECT_EQ(download<uint64_t>(mark, 1)[0], 0u);  // the queued task was discarded
+    EXPECT_EQ(read_word(mark), 0u);  // the queued task was discarded
     EXPECT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);  // the abort is not reported as a failure
     ASSERT_EQ(aclrtValueWrite(mark, 6, 0, s), ACL_SUCCESS);  // the stream takes new work
     ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
-    EXPECT_EQ(download<uint64_t>(mark, 1)[0], 6u);
+    EXPECT_EQ(read_word(mark), 6u);
   }
   ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
   int not_a_stream = 0;
@@ -249,10 +265,8 @@ TEST_P(acl_stream_test, ValueWriteAndWaitWithTimeout) {
 }
 
 TEST_P(acl_stream_test, ValueWaitHoldsTheStreamUntilAValueWriteOfAnother) {
-  void* word = dmalloc(8);
-  void* flag = dmalloc(8);
-  ASSERT_EQ(aclrtMemset(word, 8, 0, 8), ACL_SUCCESS);
-  ASSERT_EQ(aclrtMemset(flag, 8, 0, 8), ACL_SUCCESS);
+  void* word = value_word();
+  void* flag = value_word();
   aclrtStream s = nullptr, writer = nullptr;
   ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
   ASSERT_EQ(aclrtCreateStream(&writer), ACL_SUCCESS);
@@ -263,10 +277,10 @@ TEST_P(acl_stream_test, ValueWaitHoldsTheStreamUntilAValueWriteOfAnother) {
   aclrtStreamStatus status = ACL_STREAM_STATUS_RESERVED;
   ASSERT_EQ(aclrtStreamQuery(s, &status), ACL_SUCCESS);
   EXPECT_EQ(status, ACL_STREAM_STATUS_NOT_READY);  // 1 < 2: still waiting
-  EXPECT_EQ(download<uint64_t>(flag, 1)[0], 0u);
+  EXPECT_EQ(read_word(flag), 0u);
   ASSERT_EQ(aclrtValueWrite(word, 2, 0, writer), ACL_SUCCESS);
   ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
-  EXPECT_EQ(download<uint64_t>(flag, 1)[0], 1u);
+  EXPECT_EQ(read_word(flag), 1u);
 
   // EQ, AND, NOR on a word that satisfies them (it holds 2).
   ASSERT_EQ(aclrtValueWait(word, 2, 1, s), ACL_SUCCESS);
@@ -282,6 +296,29 @@ TEST_P(acl_stream_test, ValueWaitHoldsTheStreamUntilAValueWriteOfAnother) {
   int not_a_stream = 0;
   EXPECT_EQ(aclrtValueWait(word, 0, 0, &not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
   EXPECT_EQ(aclrtDestroyStream(writer), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+// aclrtMalloc's memory comes from a stream-ordered pool on CUDA, which the driver's stream memory
+// operations refuse: the call fails at once with a message that names aclrtMallocHost, and the
+// stream goes on. The CPU device takes device memory.
+TEST_P(acl_stream_test, ValueWaitOnDeviceMemoryWorksOnTheCpuDeviceAndIsRefusedClearlyOnCuda) {
+  void* word = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(word, 8, 0, 8), ACL_SUCCESS);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  if (cuda()) {
+    EXPECT_EQ(aclrtValueWrite(word, 1, 0, s), ACL_ERROR_RT_PARAM_INVALID);
+    EXPECT_NE(std::string(aclGetRecentErrMsg()).find("aclrtMallocHost"), std::string::npos) << aclGetRecentErrMsg();
+    EXPECT_EQ(aclrtValueWait(word, 0, 0, s), ACL_ERROR_RT_PARAM_INVALID);
+    EXPECT_NE(std::string(aclGetRecentErrMsg()).find("pinned host memory"), std::string::npos) << aclGetRecentErrMsg();
+  } else {
+    ASSERT_EQ(aclrtValueWrite(word, 4, 0, s), ACL_SUCCESS) << aclGetRecentErrMsg();
+    ASSERT_EQ(aclrtValueWait(word, 4, 1 /* EQ */, s), ACL_SUCCESS) << aclGetRecentErrMsg();
+    ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+    EXPECT_EQ(download<uint64_t>(word, 1)[0], 4u);
+  }
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);  // a refused task leaves no failure behind
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 

@@ -11,7 +11,37 @@
 namespace cora::test {
 namespace {
 
-class stream_test : public device_test {};
+/// The memory of a value wait's or write's word: device memory on the CPU device, pinned host
+/// memory on CUDA, whose stream memory operations do not take memory from cora's device pool.
+template <class T>
+struct value_word {
+  device_buffer<T> d;
+  host_buffer<T> h;
+  T* data() const noexcept { return d ? d.data() : h.data(); }
+};
+
+class stream_test : public device_test {
+ protected:
+  template <class T>
+  value_word<T> word() {
+    value_word<T> w;
+    if (GetParam() == backend::cuda)
+      w.h = dev().alloc_host<T>(1);
+    else
+      w.d = dev().alloc<T>(1);
+    auto s = dev().make_stream();
+    s.write_value(w.data(), T{0}).wait();
+    return w;
+  }
+  /// The word's value once the work that wrote it has completed.
+  template <class T>
+  T read(const value_word<T>& w) {
+    if (w.h) return __atomic_load_n(w.h.data(), __ATOMIC_ACQUIRE);
+    auto h = dev().alloc_host<T>(1);
+    dev().make_stream().copy(h.data(), w.d.data(), sizeof(T)).wait();
+    return h[0];
+  }
+};
 CORA_DEVICE_SUITE(stream_test);
 
 TEST_P(stream_test, CopiesRoundTripThroughDeviceMemory) {
@@ -267,28 +297,23 @@ TEST_P(stream_test, StopOnFailureSkipsTheOpsBehindAFailedOneUntilSynchronize) {
 TEST_P(stream_test, WaitValueHoldsLaterWorkUntilTheWordSatisfiesIt) {
   auto s = dev().make_stream();
   auto other = dev().make_stream();
-  auto word = dev().alloc<std::uint64_t>(1);
-  auto flag = dev().alloc<std::uint32_t>(1);
-  auto h = dev().alloc_host<std::uint32_t>(1);
-  other.fill(word, 0).wait();
-  other.fill(flag, 0).wait();
+  auto word = this->word<std::uint64_t>();
+  auto flag = this->word<std::uint32_t>();
   auto waited = s.wait_value(word.data(), std::uint64_t{5}, wait_condition::geq);
   auto after = s.write_value(flag.data(), std::uint32_t{1});
   other.write_value(word.data(), std::uint64_t{3}).wait();  // 3 < 5: still waiting
   EXPECT_FALSE(s.idle());
-  other.copy(h, flag).wait();
-  EXPECT_EQ(h[0], 0u);  // the write behind the wait has not run
+  EXPECT_EQ(read(flag), 0u);  // the write behind the wait has not run
   other.write_value(word.data(), std::uint64_t{7}).wait();
   waited.wait();
   after.wait();
-  s.copy(h, flag).wait();
-  EXPECT_EQ(h[0], 1u);
+  EXPECT_EQ(read(flag), 1u);
 }
 
 TEST_P(stream_test, WaitValueConditionsAreCudasAndCanns) {
   auto s = dev().make_stream();
-  auto w32 = dev().alloc<std::uint32_t>(1);
-  auto w64 = dev().alloc<std::uint64_t>(1);
+  auto w32 = word<std::uint32_t>();
+  auto w64 = word<std::uint64_t>();
   auto set32 = [&](std::uint32_t v) { s.write_value(w32.data(), v).wait(); };
   auto set64 = [&](std::uint64_t v) { s.write_value(w64.data(), v).wait(); };
   // Each condition, on a word that already satisfies it: the wait completes.
@@ -298,6 +323,7 @@ TEST_P(stream_test, WaitValueConditionsAreCudasAndCanns) {
   s.wait_value(w32.data(), 3u, wait_condition::and_nonzero).wait();
   s.wait_value(w32.data(), 0xfffffff0u, wait_condition::nor_nonzero).wait();  // ~(1 | 0xfffffff0) = 0xe
   set64(std::uint64_t{1} << 40);
+  EXPECT_EQ(read(w64), std::uint64_t{1} << 40);  // one 64-bit store
   s.wait_value(w64.data(), std::uint64_t{1} << 40, wait_condition::eq).wait();
   s.wait_value(w64.data(), std::uint64_t{1} << 39, wait_condition::geq).wait();
   s.wait_value(w64.data(), (std::uint64_t{1} << 40) | 1, wait_condition::and_nonzero).wait();
@@ -343,13 +369,46 @@ TEST_P(stream_test, WaitValueRefusesWordsTheDeviceCannotWatch) {
   s.synchronize().wait();
 }
 
+// cora's device memory comes from a stream-ordered pool on CUDA, which the driver's stream
+// memory operations refuse with a bare CUDA_ERROR_INVALID_VALUE: the op is refused up front,
+// saying to use pinned host memory, and the stream goes on. The CPU device takes it.
+TEST_P(stream_test, WaitValueOnDeviceMemoryWorksOnTheCpuDeviceAndIsRefusedClearlyOnCuda) {
+  auto s = dev().make_stream();
+  auto w32 = dev().alloc<std::uint32_t>(1);
+  auto w64 = dev().alloc<std::uint64_t>(1);
+  if (GetParam() == backend::cuda) {
+    auto refused = [](pending<void> p) {
+      try {
+        p.wait();
+        ADD_FAILURE() << "a value op on pool memory was taken";
+      } catch (const error& e) {
+        EXPECT_EQ(e.code(), make_error_code(errc::invalid_pointer)) << e.what();
+        EXPECT_NE(std::string(e.what()).find("pinned host memory"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("alloc_host"), std::string::npos) << e.what();
+      }
+    };
+    refused(s.write_value(w64.data(), std::uint64_t{1}));
+    refused(s.wait_value(w64.data(), std::uint64_t{1}));
+    refused(s.write_value(w32.data(), 1u));
+    refused(s.wait_value(w32.data(), 1u, wait_condition::eq));
+    s.synchronize().wait();  // refused ops leave no failure behind
+    return;
+  }
+  s.write_value(w64.data(), std::uint64_t{9}).wait();
+  s.wait_value(w64.data(), std::uint64_t{9}, wait_condition::eq).wait();
+  s.write_value(w32.data(), 3u).wait();
+  s.wait_value(w32.data(), 2u, wait_condition::and_nonzero).wait();
+  auto h = dev().alloc_host<std::uint64_t>(1);
+  s.copy(h.data(), w64.data(), 8).wait();
+  EXPECT_EQ(h[0], 9u);
+}
+
 TEST_P(stream_test, AbortDiscardsTheWorkThatHasNotStarted) {
   auto s = dev().make_stream();
   auto other = dev().make_stream();
-  auto word = dev().alloc<std::uint64_t>(1);
+  auto word = this->word<std::uint64_t>();
   auto mark = dev().alloc<std::uint32_t>(1);
   auto h = dev().alloc_host<std::uint32_t>(1);
-  other.fill(word, 0).wait();
   other.fill(mark, 0).wait();
   auto waiting = s.wait_value(word.data(), std::uint64_t{1}, wait_condition::eq);
   auto behind = s.fill(mark, 5);

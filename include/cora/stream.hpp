@@ -184,8 +184,11 @@ class stream {
   /// Later work on this stream waits until the word at `addr` satisfies `cond` against `value`,
   /// however it gets there: written by another stream (write_value, a copy, a kernel) or by
   /// the host. `addr` lies in device memory of this device or in pinned host memory, aligned
-  /// to the word's size (errc::invalid_pointer otherwise). The wait has no deadline; it ends
-  /// with errc::runtime_shut_down when the runtime shuts down. Cannot be captured.
+  /// to the word's size (errc::invalid_pointer otherwise). On CUDA only pinned host memory
+  /// (alloc_host) serves: the driver's stream memory operations do not take the pool memory of
+  /// alloc (errc::invalid_pointer, at once); a 64-bit word or the NOR condition on a device
+  /// without them is errc::not_supported. The wait has no deadline; it ends with
+  /// errc::runtime_shut_down when the runtime shuts down. Cannot be captured.
   pending<void> wait_value(const std::uint32_t* addr, std::uint32_t value,
                            wait_condition cond = wait_condition::geq);
   pending<void> wait_value(const std::uint64_t* addr, std::uint64_t value,

@@ -172,6 +172,14 @@ class graph_exec {
   virtual bool update(std::span<const graph_node_desc> nodes, std::string& message) = 0;
 };
 
+/// What the word of a memory-value op (stream::wait_value, write_value) lies in, as the core
+/// classified it: some devices reach only some kinds with their stream memory operations.
+enum class value_memory {
+  allocation,   // device memory the runtime allocated on this device
+  pinned_host,  // pinned host memory the runtime allocated (alloc_host, its slabs)
+  foreign,      // memory of another allocator that describe_pointer knew (device or host)
+};
+
 /// An in-order queue of device work. Every enqueue carries the core's sequence number of the
 /// op, strictly increasing; ops complete in that order.
 class stream {
@@ -212,20 +220,23 @@ class stream {
   virtual bool recycle() noexcept { return false; }
 
   /// Later work waits until the `wide` (64-bit, else 32-bit) word at `addr` (device memory or
-  /// pinned host memory, naturally aligned) satisfies `condition` against `value`: 0 (signed)
-  /// (*addr - value) >= 0, 1 *addr == value, 2 (*addr & value) != 0, 3 ~(*addr | value) != 0
-  /// (cora::wait_condition, CUDA's CU_STREAM_WAIT_VALUE_*). Fails with ec when it cannot.
-  virtual void wait_value(std::uint64_t seq, const void* addr, std::uint64_t value,
-                          unsigned condition, bool wide, std::error_code& ec, std::string& message) {
-    (void)seq, (void)addr, (void)value, (void)condition, (void)wide;
+  /// pinned host memory, naturally aligned; `where` says which, as the core found it)
+  /// satisfies `condition` against `value`: 0 (signed) (*addr - value) >= 0, 1 *addr == value,
+  /// 2 (*addr & value) != 0, 3 ~(*addr | value) != 0 (cora::wait_condition, CUDA's
+  /// CU_STREAM_WAIT_VALUE_*). Fails with ec, enqueuing nothing, for memory or a condition the
+  /// device cannot watch.
+  virtual void wait_value(std::uint64_t seq, const void* addr, value_memory where,
+                          std::uint64_t value, unsigned condition, bool wide, std::error_code& ec,
+                          std::string& message) {
+    (void)seq, (void)addr, (void)where, (void)value, (void)condition, (void)wide;
     ec = make_error_code(errc::not_supported);
     message = "this backend cannot wait for a memory value";
   }
   /// Writes the `wide` (64-bit, else 32-bit) word `value` at `addr` (as wait_value) as op `seq`,
   /// in one store that a wait_value of another stream observes whole.
-  virtual void write_value(std::uint64_t seq, void* addr, std::uint64_t value, bool wide,
-                           std::error_code& ec, std::string& message) {
-    (void)seq, (void)addr, (void)value, (void)wide;
+  virtual void write_value(std::uint64_t seq, void* addr, value_memory where, std::uint64_t value,
+                           bool wide, std::error_code& ec, std::string& message) {
+    (void)seq, (void)addr, (void)where, (void)value, (void)wide;
     ec = make_error_code(errc::not_supported);
     message = "this backend cannot write a memory value";
   }

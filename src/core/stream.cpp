@@ -551,14 +551,21 @@ pending<void> stream::value_op(void* addr, std::uint64_t value, wait_condition c
                 std::string(what) + ": the word must be in this device's memory or in pinned host memory",
                 st());
   if (st()->capturing.load(std::memory_order_acquire)) return detail::capture_illegal(*st(), what);
+  // The backend may reach only some kinds of memory with its stream memory operations (CUDA's
+  // refuse pool memory): it is told which kind the word is in.
+  const backend::value_memory where = !r.record ? backend::value_memory::foreign
+                                      : r.k == memory_region::kind::device
+                                          ? backend::value_memory::allocation
+                                          : backend::value_memory::pinned_host;
   detail::op_keep keep;
   keep.add(std::move(ref));
   return pending<void>(st()->enqueue(
       [&](std::uint64_t seq, std::error_code& e, std::string& m) {
         if (write)
-          st()->backend->write_value(seq, addr, value, wide, e, m);
+          st()->backend->write_value(seq, addr, where, value, wide, e, m);
         else
-          st()->backend->wait_value(seq, addr, value, c, wide, e, m);
+          st()->backend->wait_value(seq, addr, where, value, c, wide, e, m);
+        if (e && !m.empty()) m = std::string(what) + ": " + m;
       },
       std::move(keep)));
 }

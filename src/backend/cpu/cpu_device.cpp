@@ -552,7 +552,7 @@ void cpu_stream::wait(std::uint64_t seq, event& ev) {
   push(o);
 }
 
-void cpu_stream::wait_value(std::uint64_t seq, const void* addr, std::uint64_t value,
+void cpu_stream::wait_value(std::uint64_t seq, const void* addr, value_memory, std::uint64_t value,
                             unsigned condition, bool wide, std::error_code& ec, std::string&) {
   auto* o = device_.ops().take();
   o->k = op::kind::value_wait;
@@ -565,8 +565,8 @@ void cpu_stream::wait_value(std::uint64_t seq, const void* addr, std::uint64_t v
   push(o);
 }
 
-void cpu_stream::write_value(std::uint64_t seq, void* addr, std::uint64_t value, bool wide,
-                             std::error_code& ec, std::string&) {
+void cpu_stream::write_value(std::uint64_t seq, void* addr, value_memory, std::uint64_t value,
+                             bool wide, std::error_code& ec, std::string&) {
   auto* o = device_.ops().take();
   o->k = op::kind::value_write;
   o->seq = seq;

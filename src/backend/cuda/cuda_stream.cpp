@@ -315,44 +315,129 @@ static bool refused_memop(CUresult r) noexcept {
   return r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED;
 }
 
-void cuda_stream::wait_value(std::uint64_t seq, const void* addr, std::uint64_t value,
-                             unsigned condition, bool wide, std::error_code& ec,
-                             std::string& message) {
+static constexpr const char* use_pinned =
+    "; on CUDA, put the word in pinned host memory (device::alloc_host, aclrtMallocHost)";
+
+// The device address of a value op's word, or a clear refusal of memory the driver's stream
+// memory operations do not take. The driver documents them for memory from cuMemAlloc and for
+// mapped or registered host memory; it refuses memory from a stream-ordered pool (cora's own
+// pool, cuMemAllocAsync) with a bare CUDA_ERROR_INVALID_VALUE, and managed memory outright.
+static bool value_address(const context& ctx, const cuda_device& dev, const void* addr,
+                          value_memory where, CUdeviceptr& out, std::error_code& ec,
+                          std::string& message) {
+  out = reinterpret_cast<CUdeviceptr>(addr);
+  bool host = where == value_memory::pinned_host;
+  if (where == value_memory::allocation && dev.pooled()) {
+    ec = make_error_code(errc::invalid_pointer);
+    message = std::string("the word lies in device memory from cora's stream-ordered pool, which "
+                          "CUDA's stream memory operations (cuStreamWaitValue, cuStreamWriteValue) "
+                          "do not accept") + use_pinned;
+    return false;
+  }
+  if (where == value_memory::foreign) {
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                   CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
+    unsigned int type = 0;
+    unsigned int managed = 0;  // CUDA writes a bool-sized value; zeroed so either width reads right
+    CUmemoryPool pool = nullptr;
+    void* data[] = {&type, &managed, &pool};
+    if (ctx.api.cuPointerGetAttributes(3, attrs, data, out) == CUDA_SUCCESS) {
+      if (managed & 0xff) {
+        ec = make_error_code(errc::invalid_pointer);
+        message = std::string("the word lies in managed memory, which CUDA's stream memory "
+                              "operations do not accept") + use_pinned;
+        return false;
+      }
+      if (pool) {
+        ec = make_error_code(errc::invalid_pointer);
+        message = std::string("the word lies in device memory from a stream-ordered pool "
+                              "(cuMemAllocAsync), which CUDA's stream memory operations do not "
+                              "accept") + use_pinned;
+        return false;
+      }
+      host = type == CU_MEMORYTYPE_HOST;
+    }
+  }
+  if (host) {
+    // The driver's device address of mapped host memory; where the device uses host pointers
+    // as they are, the host pointer serves too.
+    CUdeviceptr d = 0;
+    if (ctx.api.cuMemHostGetDevicePointer(&d, const_cast<void*>(addr), 0) == CUDA_SUCCESS) {
+      out = d;
+    } else if (!dev.memops().host_pointer) {
+      ec = make_error_code(errc::invalid_pointer);
+      message = "the word lies in host memory that is not mapped into the device's address space "
+                "(cuMemHostGetDevicePointer refused it)";
+      return false;
+    }
+  }
+  return true;
+}
+
+// Refuses, up front, what the device's stream memory operations lack (device attributes).
+static bool value_op_supported(const cuda_device& dev, bool wide, unsigned condition,
+                               std::error_code& ec, std::string& message) {
+  if (wide && !dev.memops().wide) {
+    ec = make_error_code(errc::not_supported);
+    message = dev.label() + " has no 64-bit stream memory operations "
+              "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0)";
+    return false;
+  }
+  if (condition == CU_STREAM_WAIT_VALUE_NOR && !dev.memops().nor) {
+    ec = make_error_code(errc::not_supported);
+    message = dev.label() + " cannot wait for a NOR condition "
+              "(CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR is 0)";
+    return false;
+  }
+  return true;
+}
+
+void cuda_stream::wait_value(std::uint64_t seq, const void* addr, value_memory where,
+                             std::uint64_t value, unsigned condition, bool wide,
+                             std::error_code& ec, std::string& message) {
   ec.clear();
   if (!usable(seq)) return;
+  if (!value_op_supported(device_, wide, condition, ec, message)) return;
   current_context cur(*ctx_);
-  // CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR have the values of cora's conditions.
-  const auto ptr = reinterpret_cast<CUdeviceptr>(addr);
   CUresult r = cur.result;
-  if (cur)
+  if (cur) {
+    CUdeviceptr ptr = 0;
+    if (!value_address(*ctx_, device_, addr, where, ptr, ec, message)) return;
+    // CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR have the values of cora's conditions.
     r = wide ? ctx_->api.cuStreamWaitValue64(stream_, ptr, value, condition)
              : ctx_->api.cuStreamWaitValue32(stream_, ptr, static_cast<cuuint32_t>(value), condition);
+  }
   if (r == CUDA_SUCCESS) return;
   const std::string what = wide ? "cuStreamWaitValue64" : "cuStreamWaitValue32";
   if (refused_memop(r)) {
     ec = to_error_code(r);
     message = what + ": " + describe(r);
+    if (r == CUDA_ERROR_INVALID_VALUE) message += use_pinned;
     return;
   }
   failed(seq, r, what);
 }
 
-void cuda_stream::write_value(std::uint64_t seq, void* addr, std::uint64_t value, bool wide,
-                              std::error_code& ec, std::string& message) {
+void cuda_stream::write_value(std::uint64_t seq, void* addr, value_memory where, std::uint64_t value,
+                              bool wide, std::error_code& ec, std::string& message) {
   ec.clear();
   if (!usable(seq)) return;
+  if (!value_op_supported(device_, wide, CU_STREAM_WAIT_VALUE_GEQ, ec, message)) return;
   current_context cur(*ctx_);
-  const auto ptr = reinterpret_cast<CUdeviceptr>(addr);
   CUresult r = cur.result;
-  if (cur)
+  if (cur) {
+    CUdeviceptr ptr = 0;
+    if (!value_address(*ctx_, device_, addr, where, ptr, ec, message)) return;
     r = wide ? ctx_->api.cuStreamWriteValue64(stream_, ptr, value, CU_STREAM_WRITE_VALUE_DEFAULT)
              : ctx_->api.cuStreamWriteValue32(stream_, ptr, static_cast<cuuint32_t>(value),
                                               CU_STREAM_WRITE_VALUE_DEFAULT);
+  }
   if (r == CUDA_SUCCESS) return;
   const std::string what = wide ? "cuStreamWriteValue64" : "cuStreamWriteValue32";
   if (refused_memop(r)) {
     ec = to_error_code(r);
     message = what + ": " + describe(r);
+    if (r == CUDA_ERROR_INVALID_VALUE) message += use_pinned;
     return;
   }
   failed(seq, r, what);

@@ -188,13 +188,15 @@ class stream {
   /// (alloc_host) serves: the driver's stream memory operations do not take the pool memory of
   /// alloc (errc::invalid_pointer, at once); a 64-bit word or the NOR condition on a device
   /// without them is errc::not_supported. The wait has no deadline; it ends with
-  /// errc::runtime_shut_down when the runtime shuts down. Cannot be captured.
+  /// errc::runtime_shut_down when the runtime shuts down (on a GPU the stream itself stays
+  /// blocked until the word holds). Cannot be captured.
   pending<void> wait_value(const std::uint32_t* addr, std::uint32_t value,
                            wait_condition cond = wait_condition::geq);
   pending<void> wait_value(const std::uint64_t* addr, std::uint64_t value,
                            wait_condition cond = wait_condition::geq);
   /// Writes `value` at `addr` (memory as for wait_value) in stream order, in one store that a
-  /// wait_value observes whole. Cannot be captured.
+  /// wait_value observes whole. On CUDA a word in alloc's memory, which no wait_value there can
+  /// watch, is written by a stream-ordered copy. Cannot be captured.
   pending<void> write_value(std::uint32_t* addr, std::uint32_t value);
   pending<void> write_value(std::uint64_t* addr, std::uint64_t value);
   /// Runs `fn` on a device thread once earlier work has completed; later work waits for it.

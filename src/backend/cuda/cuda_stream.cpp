@@ -316,15 +316,22 @@ static bool refused_memop(CUresult r) noexcept {
 }
 
 static constexpr const char* use_pinned =
-    "; on CUDA, put the word in pinned host memory (device::alloc_host, aclrtMallocHost)";
+    "; on CUDA, put the word of a value wait in pinned host memory (device::alloc_host, aclrtMallocHost)";
 
-// The device address of a value op's word, or a clear refusal of memory the driver's stream
-// memory operations do not take. The driver documents them for memory from cuMemAlloc and for
-// mapped or registered host memory; it refuses memory from a stream-ordered pool (cora's own
-// pool, cuMemAllocAsync) with a bare CUDA_ERROR_INVALID_VALUE, and managed memory outright.
-static bool value_address(const context& ctx, const cuda_device& dev, const void* addr,
-                          value_memory where, CUdeviceptr& out, std::error_code& ec,
-                          std::string& message) {
+// How the device reaches a value op's word.
+enum class word_access {
+  memop,      // through the driver's stream memory operations, at `out`
+  copy_only,  // by copies only (pool or managed memory): ec and message say why
+  refused,    // not at all: ec and message say why
+};
+
+// Classifies a value op's word. The driver documents its stream memory operations for memory
+// from cuMemAlloc and for mapped or registered host memory; it refuses memory from a
+// stream-ordered pool (cora's own pool, cuMemAllocAsync) with a bare CUDA_ERROR_INVALID_VALUE,
+// and managed memory outright. Copies reach both.
+static word_access value_address(const context& ctx, const cuda_device& dev, const void* addr,
+                                 value_memory where, CUdeviceptr& out, std::error_code& ec,
+                                 std::string& message) {
   out = reinterpret_cast<CUdeviceptr>(addr);
   bool host = where == value_memory::pinned_host;
   if (where == value_memory::allocation && dev.pooled()) {
@@ -332,7 +339,7 @@ static bool value_address(const context& ctx, const cuda_device& dev, const void
     message = std::string("the word lies in device memory from cora's stream-ordered pool, which "
                           "CUDA's stream memory operations (cuStreamWaitValue, cuStreamWriteValue) "
                           "do not accept") + use_pinned;
-    return false;
+    return word_access::copy_only;
   }
   if (where == value_memory::foreign) {
     CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
@@ -346,14 +353,14 @@ static bool value_address(const context& ctx, const cuda_device& dev, const void
         ec = make_error_code(errc::invalid_pointer);
         message = std::string("the word lies in managed memory, which CUDA's stream memory "
                               "operations do not accept") + use_pinned;
-        return false;
+        return word_access::copy_only;
       }
       if (pool) {
         ec = make_error_code(errc::invalid_pointer);
         message = std::string("the word lies in device memory from a stream-ordered pool "
                               "(cuMemAllocAsync), which CUDA's stream memory operations do not "
                               "accept") + use_pinned;
-        return false;
+        return word_access::copy_only;
       }
       host = type == CU_MEMORYTYPE_HOST;
     }
@@ -368,10 +375,10 @@ static bool value_address(const context& ctx, const cuda_device& dev, const void
       ec = make_error_code(errc::invalid_pointer);
       message = "the word lies in host memory that is not mapped into the device's address space "
                 "(cuMemHostGetDevicePointer refused it)";
-      return false;
+      return word_access::refused;
     }
   }
-  return true;
+  return word_access::memop;
 }
 
 // Refuses, up front, what the device's stream memory operations lack (device attributes).
@@ -397,12 +404,13 @@ void cuda_stream::wait_value(std::uint64_t seq, const void* addr, value_memory w
                              std::error_code& ec, std::string& message) {
   ec.clear();
   if (!usable(seq)) return;
-  if (!value_op_supported(device_, wide, condition, ec, message)) return;
   current_context cur(*ctx_);
   CUresult r = cur.result;
   if (cur) {
     CUdeviceptr ptr = 0;
-    if (!value_address(*ctx_, device_, addr, where, ptr, ec, message)) return;
+    // Only the driver's stream memory operations wait on the device: no fallback.
+    if (value_address(*ctx_, device_, addr, where, ptr, ec, message) != word_access::memop) return;
+    if (!value_op_supported(device_, wide, condition, ec, message)) return;
     // CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR have the values of cora's conditions.
     r = wide ? ctx_->api.cuStreamWaitValue64(stream_, ptr, value, condition)
              : ctx_->api.cuStreamWaitValue32(stream_, ptr, static_cast<cuuint32_t>(value), condition);
@@ -422,12 +430,26 @@ void cuda_stream::write_value(std::uint64_t seq, void* addr, value_memory where,
                               bool wide, std::error_code& ec, std::string& message) {
   ec.clear();
   if (!usable(seq)) return;
-  if (!value_op_supported(device_, wide, CU_STREAM_WAIT_VALUE_GEQ, ec, message)) return;
   current_context cur(*ctx_);
   CUresult r = cur.result;
   if (cur) {
     CUdeviceptr ptr = 0;
-    if (!value_address(*ctx_, device_, addr, where, ptr, ec, message)) return;
+    switch (value_address(*ctx_, device_, addr, where, ptr, ec, message)) {
+      case word_access::refused: return;
+      case word_access::copy_only: {
+        // Memory the stream memory operations refuse (pool, managed) still takes the store as
+        // a stream-ordered copy of the naturally aligned word (what aclrtValueWrite was before
+        // it had the driver's writes); no value wait of CUDA can watch such a word anyway.
+        ec.clear();
+        message.clear();
+        const auto narrow = static_cast<std::uint32_t>(value);
+        copy(seq, addr, wide ? static_cast<const void*>(&value) : static_cast<const void*>(&narrow),
+             wide ? 8 : 4, true);
+        return;
+      }
+      case word_access::memop: break;
+    }
+    if (!value_op_supported(device_, wide, CU_STREAM_WAIT_VALUE_GEQ, ec, message)) return;
     r = wide ? ctx_->api.cuStreamWriteValue64(stream_, ptr, value, CU_STREAM_WRITE_VALUE_DEFAULT)
              : ctx_->api.cuStreamWriteValue32(stream_, ptr, static_cast<cuuint32_t>(value),
                                               CU_STREAM_WRITE_VALUE_DEFAULT);

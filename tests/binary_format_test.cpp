@@ -85,6 +85,69 @@ TEST(binary_format, ContainerRoundTrips) {
   EXPECT_EQ(parsed.kernels[0].params.size(), 2u);
 }
 
+// Version 4: a CPU image's entry names the part a loader reads (headers and loadable segments,
+// without debug sections) with a checksum of its own, and where its kernel records lie in it.
+TEST(binary_format, ACpuImageEntryGivesTheLoadedPartAndItsRecords) {
+  auto image = read_file(cora::test::kernel_file("test_kernels.cora/test_kernels.cpu.so").string());
+  ASSERT_FALSE(image.empty());
+  std::error_code ec;
+  std::string message;
+  const auto kernels = read_cpu_kernel_records(image, ec, message);
+  ASSERT_FALSE(ec) << message;
+  const auto c = write_corabin({{binary_kind::cpu_elf, 0, image}}, kernels);
+  const auto parsed = parse_corabin(c, ec, message);
+  ASSERT_FALSE(ec) << message;
+  const auto& img = parsed.images[0];
+  EXPECT_EQ(img.load_size, loadable_size(image));
+  EXPECT_LT(img.load_size, img.size) << "the test image has debug sections";
+  const auto part = img.bytes.first(img.load_size);
+  EXPECT_TRUE(verify_corabin_load_part(img, part, ec, message)) << message;
+  const auto records = read_corabin_image_records(img, part, ec, message);
+  ASSERT_FALSE(ec) << message;
+  ASSERT_EQ(records.size(), kernels.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(records[i].name, kernels[i].name);
+    EXPECT_EQ(records[i].params.size(), kernels[i].params.size());
+  }
+  // Any changed byte of the loaded part fails its check (sampled: each check hashes the part).
+  const auto offset = static_cast<std::size_t>(img.offset);
+  for (std::size_t i = 0; i < img.load_size; i += 101) {
+    auto bad = c;
+    bad[offset + i] ^= std::byte{0x01};
+    EXPECT_FALSE(verify_corabin_load_part(img, std::span<const std::byte>(bad).subspan(offset, img.load_size), ec, message))
+        << "byte " << i;
+  }
+  // A part of another size is refused whatever its bytes.
+  EXPECT_FALSE(verify_corabin_load_part(img, img.bytes, ec, message));
+  EXPECT_FALSE(verify_corabin_load_part(img, part.first(part.size() - 1), ec, message));
+}
+
+TEST(binary_format, TheMetadataParsesFromTheFirstBytesAlone) {
+  const auto c = read_file(cora::test::kernel_file("test_kernels.corabin").string());
+  std::error_code ec;
+  std::string message;
+  const auto whole = parse_corabin(c, ec, message);
+  ASSERT_FALSE(ec) << message;
+  const std::uint64_t meta = corabin_meta_size(c);
+  ASSERT_GT(meta, 64u);
+  ASSERT_LT(meta, c.size());
+  const auto head = parse_corabin_meta(std::span(c).first(meta), c.size(), ec, message);
+  ASSERT_FALSE(ec) << message;
+  ASSERT_EQ(head.images.size(), whole.images.size());
+  for (std::size_t i = 0; i < head.images.size(); ++i) {
+    EXPECT_TRUE(head.images[i].bytes.empty());
+    EXPECT_EQ(head.images[i].offset, whole.images[i].offset);
+    EXPECT_EQ(head.images[i].size, whole.images[i].size);
+    EXPECT_EQ(head.images[i].load_checksum, whole.images[i].load_checksum);
+  }
+  EXPECT_EQ(head.kernels.size(), whole.kernels.size());
+  parse_corabin_meta(std::span(c).first(meta - 1), c.size(), ec, message);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary)) << "metadata cut short";
+  parse_corabin_meta(std::span(c).first(meta), c.size() + 1, ec, message);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_binary)) << "another file size";
+  EXPECT_EQ(corabin_meta_size(bytes_of("CORABIN")), 0u);
+}
+
 TEST(binary_format, EveryTruncationOfAContainerIsRejected) {
   auto c = read_file(cora::test::kernel_file("test_kernels.corabin").string());
   ASSERT_GT(c.size(), 1000u);

@@ -144,22 +144,85 @@ TEST_P(binary_test, TruncatedContainerIsAnInvalidBinary) {
 
 TEST_P(binary_test, CorruptedImageFailsItsChecksum) {
   auto bytes = read_file(kernel_file("test_kernels.corabin"));
-  // A byte in the middle of every image: a load checks the image its device runs.
+  // A byte in the middle of the part of every image that a load reads (a CPU image's loadable
+  // segments, any other image whole): a load checks the image its device runs, from memory and
+  // from a file alike.
   std::error_code pe;
   std::string pm;
   const auto parsed = detail::parse_corabin(bytes, pe, pm);
   ASSERT_FALSE(pe) << pm;
   std::vector<std::size_t> middles;
   for (const auto& img : parsed.images)
-    middles.push_back(static_cast<std::size_t>(img.bytes.data() - bytes.data()) + img.bytes.size() / 2);
+    middles.push_back(static_cast<std::size_t>(img.offset + img.load_size / 2));
   for (std::size_t m : middles) bytes[m] ^= std::byte{0xff};
-  try {
-    dev().load_binary(std::span<const std::byte>(bytes)).wait();
-    FAIL() << "no error";
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), make_error_code(errc::invalid_binary));
-    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos);
+  const auto p = temp_file("corrupted.corabin", bytes);
+  for (bool from_file : {false, true}) {
+    try {
+      if (from_file)
+        dev().load_binary(p).wait();
+      else
+        dev().load_binary(std::span<const std::byte>(bytes)).wait();
+      ADD_FAILURE() << "no error " << (from_file ? "from a file" : "from memory");
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::invalid_binary));
+      EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+    }
   }
+  std::filesystem::remove(p);
+}
+
+// A load reads only the container's metadata and the part of the image its device runs: damage
+// anywhere else (another device's image; a CPU image's debug sections, which are never mapped)
+// leaves the load working, while a full check of the container (cora-inspect) finds it.
+TEST_P(binary_test, DamageOutsideWhatALoadReadsLeavesTheLoadWorking) {
+  auto bytes = read_file(kernel_file("test_kernels.corabin"));
+  std::error_code pe;
+  std::string pm;
+  const auto parsed = detail::parse_corabin(bytes, pe, pm);
+  ASSERT_FALSE(pe) << pm;
+  const bool cpu = dev().properties().backend == backend_kind::cpu;
+  int damaged = 0;
+  for (const auto& img : parsed.images) {
+    const bool runs_here = (img.kind == detail::binary_kind::cpu_elf) == cpu;
+    if (!runs_here) {
+      bytes[img.offset + img.size / 2] ^= std::byte{0xff};
+      ++damaged;
+    } else if (img.load_size < img.size) {
+      bytes[img.offset + img.load_size + (img.size - img.load_size) / 2] ^= std::byte{0xff};
+      ++damaged;
+    }
+  }
+  ASSERT_GT(damaged, 0);
+  detail::parse_corabin(bytes, pe, pm);
+  EXPECT_EQ(pe, make_error_code(errc::invalid_binary)) << "a full check misses the damage";
+  const auto p = temp_file("damaged_elsewhere.corabin", bytes);
+  for (bool from_file : {false, true}) {
+    auto b = from_file ? dev().load_binary(p).wait() : dev().load_binary(std::span<const std::byte>(bytes)).wait();
+    auto s = dev().make_stream();
+    const std::size_t n = 64;
+    auto x = dev().alloc<float>(n), z = dev().alloc<float>(n);
+    std::vector<float> hx(n, 1.5f), hz(n);
+    s.copy(x.data(), hx.data(), n * 4).wait();
+    (void)s.launch(b.kernel("add_f32"), {.grid = 2}, x.data(), x.data(), z.data(), std::uint64_t{n});
+    s.copy(hz.data(), z.data(), n * 4).wait();
+    EXPECT_EQ(hz, std::vector<float>(n, 3.0f)) << (from_file ? "from a file" : "from memory");
+  }
+  std::filesystem::remove(p);
+}
+
+// The caller's bytes need to live only for the call: a load that continues on another thread
+// (a GPU's) has copied what it needs, and an in-memory CPU load has completed.
+TEST_P(binary_test, BytesMayBeOverwrittenAsSoonAsLoadBinaryReturns) {
+  auto bytes = read_file(kernel_file("test_kernels.corabin"));
+  auto pending = dev().load_binary(std::span<const std::byte>(bytes));
+  if (dev().properties().backend == backend_kind::cpu) {
+    EXPECT_TRUE(pending.ready()) << "an in-memory CPU load hopped threads";
+  }
+  std::fill(bytes.begin(), bytes.end(), std::byte{0xa5});
+  bytes.clear();
+  bytes.shrink_to_fit();
+  auto b = pending.wait();
+  EXPECT_TRUE(b.kernel("add_f32"));
 }
 
 TEST_P(binary_test, TextFileIsAnInvalidBinary) {

@@ -43,6 +43,25 @@ TEST_P(device_test_suite, FreeOfAForeignPointerIsInvalid) {
   EXPECT_CORA_ERROR(dev().free_host(&local), errc::invalid_pointer);
 }
 
+// Allocations that span many of the allocation table's shards are found from any address
+// inside them, and a range that runs past their end is refused.
+TEST_P(device_test_suite, InteriorAddressesOfLargeAllocationsAreFound) {
+  constexpr std::size_t bytes = (std::size_t{3} << 20) + 1000;  // about fifty 64 KiB granules
+  auto d = dev().alloc<std::uint8_t>(bytes);
+  auto h = dev().alloc_host<std::uint8_t>(bytes);
+  auto back = dev().alloc_host<std::uint8_t>(4096);
+  for (std::size_t i = 0; i < bytes; ++i) h[i] = static_cast<std::uint8_t>(i * 7);
+  auto s = dev().make_stream();
+  for (std::size_t off : {std::size_t{0}, std::size_t{70000}, std::size_t{2} << 20, bytes - 4096}) {
+    s.copy(d.data() + off, h.data() + off, 4096).wait();
+    s.copy(back.data(), d.data() + off, 4096).wait();
+    for (std::size_t i = 0; i < 4096; i += 511)
+      ASSERT_EQ(back[i], static_cast<std::uint8_t>((off + i) * 7)) << "offset " << off;
+  }
+  EXPECT_CORA_ERROR(s.copy(d.data() + bytes - 100, h.data(), 4096).wait(), errc::out_of_range);
+  EXPECT_CORA_ERROR(s.copy(back.data(), h.data() + bytes - 100, 4096).wait(), errc::out_of_range);
+}
+
 TEST_P(device_test_suite, PinnedMemoryIsHostAccessible) {
   auto h = dev().alloc_host<int>(10);
   for (int i = 0; i < 10; ++i) h[i] = i * i;

@@ -5,8 +5,10 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
+#include <cstring>
 #include <fstream>
 
+#include "core/binary_format.hpp"
 #include "support/device_fixture.hpp"
 #include "support/temp_files.hpp"
 
@@ -98,6 +100,66 @@ TEST_P(load_binary_file_test, ShortRead) {
     GTEST_SKIP() << file << " is missing or reports no more than it holds";
   const std::string what = load_error(file, std::make_error_code(std::errc::io_error));
   EXPECT_NE(what.find("short read"), std::string::npos) << what;
+}
+
+namespace {
+
+void write_bytes(const std::filesystem::path& p, const std::vector<std::byte>& bytes) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+/// What a load gives: the error's message, or the kernel names of the binary.
+std::string outcome(pending<binary> p) {
+  try {
+    std::string names = "loaded:";
+    for (const auto& n : p.wait().kernel_names()) names += " " + n;
+    return names;
+  } catch (const error& e) {
+    std::string what = e.what();
+    // A load from a file names the path first.
+    const auto at = what.find("': ");
+    return at == std::string::npos ? what : what.substr(at + 3);
+  }
+}
+
+}  // namespace
+
+// A load from a file reads the first 32 KiB, then the rest of the metadata when the header
+// says there is more (here 40 kernel records, about 45 KiB), then the image: the same result
+// as a load of the same bytes from memory.
+TEST_P(load_binary_file_test, MetadataLongerThanTheFirstReadIsReadWhole) {
+  std::vector<cora::backend::kernel_desc> kernels;
+  for (int i = 0; i < 40; ++i) kernels.push_back({"k" + std::to_string(i), std::nullopt, {{8, 8}}, true, 0});
+  const std::string ptx = ".version 8.0\n.target sm_90\n.address_size 64\n";
+  std::vector<std::byte> image(ptx.size());
+  std::memcpy(image.data(), ptx.data(), ptx.size());
+  const auto bytes = detail::write_corabin({{detail::binary_kind::cuda_ptx, 0, image}}, kernels);
+  ASSERT_GT(detail::corabin_meta_size(bytes), 40u * 1024);
+  temp_dir dir;
+  const auto file = dir / "many_kernels.corabin";
+  write_bytes(file, bytes);
+  const std::string from_memory = outcome(dev().load_binary(std::span<const std::byte>(bytes)));
+  const std::string from_file = outcome(dev().load_binary(file));
+  EXPECT_EQ(from_file, from_memory);
+  EXPECT_EQ(from_file.find("truncated"), std::string::npos) << from_file;
+  if (dev().properties().backend == backend_kind::cpu) {
+    EXPECT_NE(from_file.find("no image for"), std::string::npos) << from_file;
+  }
+}
+
+// A container cut short on disk, in the middle of the image a load picks: the header's total
+// size gives it away before any image byte is read.
+TEST_P(load_binary_file_test, ContainerCutShortIsAnInvalidBinary) {
+  std::ifstream in(kernel_file("test_kernels.corabin"), std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(c.size() / 2);
+  std::memcpy(bytes.data(), c.data(), bytes.size());
+  temp_dir dir;
+  const auto file = dir / "cut.corabin";
+  write_bytes(file, bytes);
+  const std::string what = load_error(file, make_error_code(errc::invalid_binary));
+  EXPECT_NE(what.find("truncated"), std::string::npos) << what;
 }
 
 }  // namespace

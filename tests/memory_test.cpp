@@ -399,6 +399,37 @@ TEST_P(memory_test, PoolLimitsAreEnforced) {
   EXPECT_LE(d.memory_stats().pinned_reserved, std::size_t{12} << 20);
 }
 
+// A freed pinned block is kept for the next allocation of its size; kept blocks go back to
+// the slabs when an allocation finds nothing that fits, so keeping never makes a later
+// allocation fail under the pinned limit.
+TEST_P(memory_test, KeptPinnedBlocksAreReusedAndGiveWayToLargerRequests) {
+  runtime_options o;
+  o.pinned_memory_limit = 8 << 20;
+  auto rt = own_runtime(o);
+  auto& d = rt->device(0);
+  const void* first = nullptr;
+  {
+    auto h = d.alloc_host<std::uint8_t>(12 << 10);
+    first = h.data();
+  }
+  {
+    auto again = d.alloc_host<std::uint8_t>(12 << 10);
+    EXPECT_EQ(static_cast<const void*>(again.data()), first);
+  }
+  // 3 MiB of small blocks in the first 4 MiB slab, all freed (and kept)...
+  std::vector<host_buffer<std::uint8_t>> small;
+  for (int i = 0; i < 48; ++i) small.push_back(d.alloc_host<std::uint8_t>(64 << 10));
+  small.clear();
+  // ...must not stop 3.5 MiB from fitting in a slab: a slab of its own would pass the limit
+  // (4 MiB first slab + 4 MiB grown ahead of need + 4 MiB).
+  std::error_code ec;
+  void* big = d.malloc_host((7 << 20) / 2, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_NE(big, nullptr);
+  if (big) d.free_host(big);
+  EXPECT_LE(d.memory_stats().pinned_reserved, std::size_t{8} << 20);
+}
+
 TEST_P(memory_test, MemoryStatsFollowAllocations) {
   auto rt = own_runtime();
   auto& d0 = rt->device(0);
@@ -417,6 +448,39 @@ TEST_P(memory_test, MemoryStatsFollowAllocations) {
   const auto after = d0.memory_stats();
   EXPECT_EQ(after.device_in_use, before.device_in_use);
   EXPECT_EQ(after.pinned_in_use, before.pinned_in_use);
+}
+
+// On CUDA a freed block serves the next allocation of its size class without a driver call
+// (a pool allocation needs a round trip on the internal stream); trim_memory gives the kept
+// blocks back to the pool and the pool's memory to the system.
+TEST_P(memory_test, FreedDeviceMemoryIsReusedAndTrimmed) {
+  auto rt = own_runtime();
+  auto& d0 = rt->device(0);
+  const void* first = nullptr;
+  {
+    auto b = d0.alloc<std::uint8_t>(3 << 18);
+    first = b.data();
+  }
+  auto again = d0.alloc<std::uint8_t>((3 << 18) - 100);  // the same size class
+  const bool cuda = GetParam() == backend::cuda;
+  if (cuda) {
+    EXPECT_EQ(static_cast<const void*>(again.data()), first);
+  }
+  again.reset();
+  const auto kept = d0.memory_stats();
+  EXPECT_EQ(kept.device_in_use, 0u);
+  if (cuda) {
+    EXPECT_GE(kept.device_reserved, std::size_t{3} << 18);
+  }
+  d0.trim_memory(0);
+  const auto trimmed = d0.memory_stats();
+  EXPECT_EQ(trimmed.device_in_use, 0u);
+  if (cuda) {
+    EXPECT_LT(trimmed.device_reserved, kept.device_reserved);
+  }
+  // Still usable after the trim.
+  auto after = d0.alloc<std::uint8_t>(3 << 18);
+  EXPECT_NE(after.data(), nullptr);
 }
 
 TEST_P(memory_test, NativeHandles) {

@@ -131,7 +131,11 @@ int inspect_offline(const std::string& path, const std::vector<std::byte>& bytes
       std::printf("images:\n");
       for (std::size_t i = 0; i < c.images.size(); ++i) {
         const auto& img = c.images[i];
-        const std::string summary = image_summary(img.kind, img.bytes);
+        std::string summary = image_summary(img.kind, img.bytes);
+        // What a load reads of the image, when less than all of it (a CPU image's debug
+        // sections are never read).
+        if (img.load_size < img.size)
+          summary = "loads " + std::to_string(img.load_size) + " bytes" + (summary.empty() ? "" : ", ") + summary;
         std::printf("  [%zu] %-12s %9zu bytes%s%s\n", i, cora::detail::binary_kind_name(img.kind),
                     img.bytes.size(), summary.empty() ? "" : "  ", summary.c_str());
       }

@@ -45,8 +45,8 @@ struct runtime_options {
   /// (CORA_PINNED_MEMORY_LIMIT).
   std::size_t pinned_memory_limit = 0;
   /// Device memory a device's pool keeps cached while idle, in bytes, rather than returning it
-  /// to the system (CUDA: the pool's release threshold); device::trim_memory() returns the
-  /// rest at once (CORA_POOL_RELEASE_THRESHOLD).
+  /// to the system (CUDA: the pool's release threshold, and the bound on freed blocks kept for
+  /// reuse); device::trim_memory() returns the rest at once (CORA_POOL_RELEASE_THRESHOLD).
   std::size_t pool_release_threshold = std::size_t{256} << 20;
   bool use_environment = true;
 };

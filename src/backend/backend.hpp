@@ -289,9 +289,10 @@ class device {
   /// Device memory usable by every stream once this returns. Never waits for device work
   /// (CUDA: stream-ordered allocation from cora's pool on an internal idle stream).
   virtual void* alloc(std::size_t bytes, std::error_code& ec) = 0;
-  /// Frees device memory no op in flight uses any more (the core makes sure of that). Never
-  /// blocks (CUDA: a stream-ordered free).
-  virtual void free(void* p) noexcept = 0;
+  /// Frees device memory no op in flight uses any more (the core makes sure of that); `bytes` is
+  /// the size it was allocated with. Never blocks (CUDA: kept for reuse, or a stream-ordered
+  /// free).
+  virtual void free(void* p, std::size_t bytes) noexcept = 0;
   /// What the backend's pools hold.
   virtual memory_counters memory() const noexcept { return {}; }
   /// Memory the device pool keeps cached when idle (bytes); set from runtime_options.

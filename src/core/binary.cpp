@@ -1,11 +1,17 @@
 #include "cora/binary.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include <asio/post.hpp>
 
 #include "core/binary_format.hpp"
 #include "core/binary_loader.hpp"
+#include "core/host_pool.hpp"
 #include "core/state.hpp"
 #include "cora/detail/arg_layout.hpp"
+#include "io/file_reader.hpp"
 
 namespace cora {
 
@@ -51,7 +57,7 @@ namespace {
 
 // Picks the image of a container that the device runs: for CUDA an exact cubin, then a
 // fatbin, then PTX; for the CPU device its ELF image.
-const corabin_image* pick_image(const corabin& c, device_state& dev) {
+const corabin_image* pick_image(const corabin& c, const device_state& dev) {
   const corabin_image* best = nullptr;
   int best_rank = -1;
   const std::uint32_t arch =
@@ -74,7 +80,7 @@ const corabin_image* pick_image(const corabin& c, device_state& dev) {
   return best_rank > 0 ? best : nullptr;
 }
 
-std::string device_label(device_state& dev) {
+std::string device_label(const device_state& dev) {
   return dev.properties.name + " (" + (dev.properties.backend == backend_kind::cuda ? "cuda" : "cpu") + ")";
 }
 
@@ -121,54 +127,41 @@ bool same_as_image(const std::vector<backend::kernel_desc>& declared,
 
 }  // namespace
 
-std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> dev,
-                                                std::vector<std::byte> bytes,
-                                                const load_options& options, std::error_code& ec,
-                                                std::string& message) {
-  if (bytes.empty()) {
+bool plan_load(device_state& dev, std::span<const std::byte> head, std::uint64_t file_size,
+               load_plan& plan, std::error_code& ec, std::string& message) {
+  plan = load_plan{};
+  if (file_size == 0) {
     set_error(ec, errc::invalid_binary, "the binary is empty");
     message = last_error_message();
-    return nullptr;
+    return false;
   }
-  auto st = std::make_shared<binary_state>();
-  st->device = dev;
-  const binary_kind kind = sniff_binary(bytes);
-  std::vector<backend::kernel_desc> declared;
-  bool have_declared = false;
-  std::span<const std::byte> image(bytes);
-  binary_kind image_kind = kind;
-  corabin container;
+  const binary_kind kind = sniff_binary(head);
+  plan.kind = kind;
+  plan.image.offset = 0;
+  plan.image.size = file_size;
+  plan.part_size = file_size;
   switch (kind) {
     case binary_kind::corabin: {
-      // Only the image this device runs is hashed: a container may carry a large image for
-      // another device, which this load never reads.
-      container = parse_corabin(bytes, ec, message, false);
-      if (ec) return nullptr;
-      const corabin_image* img = pick_image(container, *dev);
+      // Only the image this device runs is read and hashed: a container may carry a large
+      // image for another device, which this load never touches.
+      corabin container = parse_corabin_meta(head, file_size, ec, message);
+      if (ec) return false;
+      const corabin_image* img = pick_image(container, dev);
       if (!img) {
         std::string have;
         for (const auto& i : container.images) have += std::string(have.empty() ? "" : ", ") + binary_kind_name(i.kind);
         ec = make_error_code(errc::invalid_binary);
-        message = "the container has no image for " + device_label(*dev) + " (it holds: " + have + ")";
-        return nullptr;
+        message = "the container has no image for " + device_label(dev) + " (it holds: " + have + ")";
+        return false;
       }
-      if (!verify_corabin_image(*img, ec, message)) return nullptr;
-      image = img->bytes;
-      image_kind = img->kind;
-      declared = container.kernels;
-      have_declared = !declared.empty();
-      if (img->kind == binary_kind::cpu_elf) {
-        // Checked on every load, lazy or not, before anything trusts the metadata.
-        const auto own = read_cpu_kernel_records(image, ec, message);
-        if (ec) return nullptr;
-        if (!have_declared) {
-          declared = own;
-          have_declared = true;
-        } else if (!same_as_image(declared, own, ec, message)) {
-          return nullptr;
-        }
-      }
-      st->format = std::string("corabin/") + binary_kind_name(img->kind);
+      plan.container = true;
+      plan.image = *img;
+      // A CPU image is read up to the end of its loadable segments unless the whole is wanted
+      // for a debugger (the dynamic loader reads no more); other images whole.
+      plan.part_size = img->kind == binary_kind::cpu_elf && !full_cpu_images() ? img->load_size : img->size;
+      plan.kind = img->kind;
+      plan.declared = std::move(container.kernels);
+      plan.format = std::string("corabin/") + binary_kind_name(img->kind);
       break;
     }
     case binary_kind::cpu_elf:
@@ -178,27 +171,60 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
       ec = make_error_code(errc::invalid_binary);
       message = "a CPU kernel image loads only inside a .corabin container (cora-pack --cpu "
                 "IMAGE), whose checksums guard the dynamic loader against corrupt bytes";
-      return nullptr;
+      return false;
     case binary_kind::cuda_cubin:
     case binary_kind::cuda_fatbin:
     case binary_kind::cuda_ptx:
-      if (!dev->backend->accepts(to_image_kind(kind))) {
+      if (!dev.backend->accepts(to_image_kind(kind))) {
         ec = make_error_code(errc::invalid_binary);
-        message = std::string("a ") + binary_kind_name(kind) + " image cannot run on " + device_label(*dev);
-        return nullptr;
+        message = std::string("a ") + binary_kind_name(kind) + " image cannot run on " + device_label(dev);
+        return false;
       }
-      st->format = binary_kind_name(kind);
+      plan.format = binary_kind_name(kind);
       break;
     case binary_kind::foreign_elf:
       ec = make_error_code(errc::invalid_binary);
       message = "an ELF file that is no kernel image for this device (wrong machine or type)";
-      return nullptr;
+      return false;
     case binary_kind::unknown:
       ec = make_error_code(errc::invalid_binary);
       message = "not a kernel binary (no known format: corabin, CPU kernel image, cubin, fatbin, PTX)";
-      return nullptr;
+      return false;
   }
-  st->image_kind = to_image_kind(image_kind);
+  ec.clear();
+  return true;
+}
+
+std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
+                                           std::span<const std::byte> image,
+                                           const load_options& options, std::error_code& ec,
+                                           std::string& message) {
+  std::vector<backend::kernel_desc> declared = plan.declared;
+  bool have_declared = !declared.empty();
+  if (plan.container) {
+    corabin_image img = plan.image;
+    img.bytes = image;
+    // Every byte that is loaded is checked: the loaded part against its own checksum, or the
+    // whole image (and that part) when the whole is loaded.
+    if (image.size() == img.size ? !verify_corabin_image(img, ec, message)
+                                 : !verify_corabin_load_part(img, image, ec, message))
+      return nullptr;
+    if (img.kind == binary_kind::cpu_elf) {
+      // Checked on every load, lazy or not, before anything trusts the metadata.
+      const auto own = read_corabin_image_records(img, image, ec, message);
+      if (ec) return nullptr;
+      if (!have_declared) {
+        declared = own;
+        have_declared = true;
+      } else if (!same_as_image(declared, own, ec, message)) {
+        return nullptr;
+      }
+    }
+  }
+  auto st = std::make_shared<binary_state>();
+  st->device = dev;
+  st->format = plan.format;
+  st->image_kind = to_image_kind(plan.kind);
   if (options.lazy && have_declared) {
     st->image.assign(image.begin(), image.end());
   } else {
@@ -220,6 +246,137 @@ std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> de
   st->resolved.reset(new binary_state::resolved_kernel[st->kernels.size()]);
   ec.clear();
   return st;
+}
+
+std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> dev,
+                                                std::span<const std::byte> bytes,
+                                                const load_options& options, std::error_code& ec,
+                                                std::string& message) {
+  load_plan plan;
+  if (!plan_load(*dev, bytes, bytes.size(), plan, ec, message)) return nullptr;
+  return load_planned(std::move(dev), plan, bytes.subspan(plan.image.offset, plan.part_size),
+                      options, ec, message);
+}
+
+namespace {
+
+/// A load from a file: its first bytes (a container's metadata), then the image it picks, read
+/// through the I/O queue without copying the rest of the file.
+struct file_load : std::enable_shared_from_this<file_load> {
+  std::shared_ptr<device_state> dev;
+  load_options options;
+  file_load_callback done;
+  std::shared_ptr<file_parts> file;
+  std::unique_ptr<std::byte[]> head;  // not value-initialized: every byte is read over
+  std::size_t head_size = 0;
+  std::unique_ptr<std::byte[]> image;
+  load_plan plan;
+
+  // Enough for the metadata of a container of 25 kernels (a record is about 1.1 KiB) and
+  // for sniffing a raw image (PTX is recognised in its first 4 KiB); more metadata takes a
+  // second read.
+  static constexpr std::size_t first_read = 32 * 1024;
+
+  std::string quoted_path() const { return "'" + file_path.string() + "'"; }
+  // I/O errors name the path already.
+  void fail(std::error_code ec, std::string message) { done(ec, std::move(message), nullptr); }
+  void fail_load(std::error_code ec, const std::string& message) {
+    done(ec, quoted_path() + ": " + message, nullptr);
+  }
+
+  std::filesystem::path file_path;
+
+  void start() {
+    file_parts::open(file_path, [self = shared_from_this()](std::error_code ec, std::string message,
+                                                       std::shared_ptr<file_parts> f) {
+      if (ec) return self->fail(ec, std::move(message));
+      self->file = std::move(f);
+      if (self->file->size() == 0)
+        return self->fail(make_error_code(errc::invalid_binary), self->quoted_path() + " is empty");
+      self->read_head(std::min<std::uint64_t>(self->file->size(), first_read));
+    });
+  }
+
+  void read_head(std::size_t n) {
+    try {
+      head.reset(new std::byte[n]);  // at most a header's worth of metadata (under 5 MiB)
+    } catch (const std::bad_alloc&) {
+      return fail_load(std::make_error_code(std::errc::not_enough_memory),
+                       "its metadata does not fit in memory");
+    }
+    head_size = n;
+    file->read(0, n, head.get(), [self = shared_from_this()](std::error_code ec, std::string message) {
+      if (ec) return self->fail(ec, std::move(message));
+      self->on_head();
+    });
+  }
+
+  void on_head() {
+    const std::span<const std::byte> h(head.get(), head_size);
+    const std::uint64_t meta = corabin_meta_size(h);
+    if (meta > head_size && meta <= file->size()) return read_head(static_cast<std::size_t>(meta));
+    std::error_code ec;
+    std::string message;
+    if (!plan_load(*dev, h, file->size(), plan, ec, message)) return fail_load(ec, message);
+    const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
+    if (end <= head_size) return load(head.get() + begin);
+    try {
+      image.reset(new std::byte[plan.part_size]);
+    } catch (const std::bad_alloc&) {
+      return fail_load(std::make_error_code(std::errc::not_enough_memory),
+                  "an image of " + std::to_string(plan.part_size) + " bytes does not fit in memory");
+    }
+    // What the first read got of the image is not read again.
+    const std::size_t have = begin < head_size ? static_cast<std::size_t>(head_size - begin) : 0;
+    if (have) std::memcpy(image.get(), head.get() + begin, have);
+    file->read(begin + have, static_cast<std::size_t>(plan.part_size - have), image.get() + have,
+               [self = shared_from_this()](std::error_code e, std::string m) {
+                 if (e) return self->fail(e, std::move(m));
+                 self->load(self->image.get());
+               });
+  }
+
+  void load(const std::byte* bytes) {
+    file.reset();  // closed before a long load
+    auto run = [self = shared_from_this(), bytes] {
+      std::error_code ec;
+      std::string message;
+      auto b = load_planned(self->dev, self->plan, std::span(bytes, self->plan.part_size),
+                            self->options, ec, message);
+      if (ec) return self->fail_load(ec, message);
+      self->done({}, {}, std::move(b));
+    };
+    // The CPU device's load (a checksum pass and a dlopen of a small file) runs here, on the
+    // I/O thread; a GPU load calls the driver, which may wait for the whole device.
+    if (loads_inline(*dev, plan.part_size))
+      run();
+    else
+      asio::post(host_pool(), std::move(run));
+  }
+};
+
+}  // namespace
+
+bool full_cpu_images() noexcept {
+  static const bool full = [] {
+    const char* v = std::getenv("CORA_CPU_FULL_IMAGES");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return full;
+}
+
+bool loads_inline(const device_state& dev, std::size_t image_bytes) noexcept {
+  return dev.properties.backend == backend_kind::cpu && image_bytes <= inline_cpu_load_bytes;
+}
+
+void load_binary_file(std::shared_ptr<device_state> dev, const std::filesystem::path& path,
+                      const load_options& options, file_load_callback done) {
+  auto l = std::make_shared<file_load>();
+  l->dev = std::move(dev);
+  l->options = options;
+  l->done = std::move(done);
+  l->file_path = path;
+  l->start();
 }
 
 namespace {

@@ -21,7 +21,11 @@ constexpr char corabin_magic[8] = {'C', 'O', 'R', 'A', 'B', 'I', 'N', '1'};
 // FNV-1a, whose one-multiply-per-byte chain cost most of a load_binary of a small container).
 // Version 3: the header, image table and kernel records have a checksum of their own, so an
 // edited parameter layout cannot pass for the image's.
-constexpr std::uint32_t corabin_version = 3;
+// Version 4: each image entry also gives the part of the image a loader reads (a CPU image's
+// headers and loadable segments, without debug sections) with a checksum of its own, and where
+// a CPU image's kernel records lie, so that a load reads and hashes only what it loads; the
+// word hash has eight lanes, and the metadata's checksum folds the header's with the rest's.
+constexpr std::uint32_t corabin_version = 4;
 constexpr std::uint32_t max_images = 16;
 constexpr std::uint32_t max_kernels = 4096;
 constexpr std::size_t max_args_block = 64 * 1024;
@@ -44,8 +48,13 @@ struct corabin_entry {
   std::uint32_t arch;
   std::uint64_t offset;
   std::uint64_t size;
-  std::uint64_t checksum;  // image_checksum() of the image bytes
+  std::uint64_t checksum;        // image_checksum() of the image bytes
+  std::uint64_t load_size;       // the loaded part: bytes [0, load_size) of the image
+  std::uint64_t load_checksum;   // image_checksum() of the loaded part
+  std::uint64_t records_offset;  // a CPU image's kernel records, inside the loaded part
+  std::uint64_t records_size;    // (0 and 0 for other images)
 };
+static_assert(sizeof(corabin_entry) == 64);
 
 template <class T>
 bool read_at(std::span<const std::byte> bytes, std::uint64_t offset, T& out) noexcept {
@@ -58,17 +67,20 @@ bool in_bounds(std::span<const std::byte> bytes, std::uint64_t offset, std::uint
   return offset <= bytes.size() && size <= bytes.size() - offset;
 }
 
-// FNV-1a's steps over 64-bit little-endian words in four independent lanes (so the multiplies
-// overlap), folded together with the tail bytes and the length. Each step is a bijection of
-// the lane's state, so any change confined to one word always changes the result. It guards
-// against corruption, not tampering.
+// FNV-1a's steps over 64-bit little-endian words in eight independent lanes (so the multiplies
+// overlap: four lanes left them waiting on each other's latency, at two thirds of the speed),
+// folded together with the tail bytes and the length. Each step is a bijection of the lane's
+// state, so any change confined to one word always changes the result. It guards against
+// corruption, not tampering.
 std::uint64_t image_checksum(std::span<const std::byte> bytes) noexcept {
+  constexpr int lanes = 8;
   constexpr std::uint64_t basis = 0xcbf29ce484222325ull, prime = 0x100000001b3ull;
-  std::uint64_t lane[4] = {basis, basis ^ 1, basis ^ 2, basis ^ 3};
+  std::uint64_t lane[lanes];
+  for (int k = 0; k < lanes; ++k) lane[k] = basis ^ static_cast<std::uint64_t>(k);
   const std::size_t n = bytes.size();
   std::size_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k) {
+  for (; i + 8 * lanes <= n; i += 8 * lanes)
+    for (int k = 0; k < lanes; ++k) {
       std::uint64_t w;
       std::memcpy(&w, bytes.data() + i + 8 * k, sizeof(w));
       lane[k] = (lane[k] ^ w) * prime;
@@ -79,15 +91,17 @@ std::uint64_t image_checksum(std::span<const std::byte> bytes) noexcept {
   return (h ^ n) * prime;
 }
 
-// The checksum of a container's metadata, bytes [0, end), with the header's own field zeroed.
+// The checksum of a container's metadata, bytes [0, end): the header's, with its own field
+// zeroed, folded with that of the rest (read in place, not copied). Either part changed
+// changes the result (each fold is a bijection of the part's checksum).
 std::uint64_t meta_checksum(std::span<const std::byte> bytes, std::size_t end) {
   corabin_header h;
-  if (end < sizeof(h) || !read_at(bytes, 0, h)) return 0;
+  if (end < sizeof(h) || !read_at(bytes, 0, h) || end > bytes.size()) return 0;
   h.meta_checksum = 0;
-  std::vector<std::byte> meta(end);
-  std::memcpy(meta.data(), &h, sizeof(h));
-  std::memcpy(meta.data() + sizeof(h), bytes.data() + sizeof(h), end - sizeof(h));
-  return image_checksum(meta);
+  constexpr std::uint64_t prime = 0x100000001b3ull;
+  const std::uint64_t head = image_checksum(std::as_bytes(std::span(&h, 1)));
+  const std::uint64_t rest = image_checksum(bytes.subspan(sizeof(h), end - sizeof(h)));
+  return ((head * prime) ^ rest) * prime;
 }
 
 bool fail(std::error_code& ec, std::string& message, std::string what) {
@@ -151,6 +165,7 @@ bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
       return fail(ec, message, "kernel '" + k.name + "' is defined twice");
     if (r.flags & CORA_KERNEL_FLAG_HAS_ENTRY_KEY) k.entry_key = r.entry_key;
     k.form = r.flags & (CORA_KERNEL_FLAG_PHASED | CORA_KERNEL_FLAG_RAW_BARRIER);
+    k.params.reserve(r.param_count);
     for (std::uint32_t p = 0; p < r.param_count; ++p) {
       const std::uint32_t size = r.param_size[p];
       const std::uint32_t align = r.param_align[p] & ~CORA_KERNEL_PARAM_POINTER;
@@ -214,35 +229,27 @@ backend::image_kind to_image_kind(binary_kind kind) noexcept {
   }
 }
 
-std::vector<backend::kernel_desc> read_cpu_kernel_records(std::span<const std::byte> elf,
-                                                          std::error_code& ec,
-                                                          std::string& message) {
-  ec.clear();
-  std::vector<backend::kernel_desc> out;
+namespace {
+
+// Finds section .cora_kernels of a CPU image through its section table: its offset and size.
+bool find_cpu_kernel_records(std::span<const std::byte> elf, std::uint64_t& offset,
+                             std::uint64_t& size, std::error_code& ec, std::string& message) {
   Elf64_Ehdr eh;
-  if (!read_at(elf, 0, eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) {
-    fail(ec, message, "not an ELF image");
-    return {};
-  }
+  if (!read_at(elf, 0, eh) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
+    return fail(ec, message, "not an ELF image");
   if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB ||
-      eh.e_machine != EM_X86_64 || eh.e_type != ET_DYN) {
-    fail(ec, message, "not an x86-64 shared object");
-    return {};
-  }
+      eh.e_machine != EM_X86_64 || eh.e_type != ET_DYN)
+    return fail(ec, message, "not an x86-64 shared object");
   if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum ||
-      !in_bounds(elf, eh.e_shoff, static_cast<std::uint64_t>(eh.e_shnum) * sizeof(Elf64_Shdr))) {
-    fail(ec, message, "ELF section table is malformed");
-    return {};
-  }
+      !in_bounds(elf, eh.e_shoff, static_cast<std::uint64_t>(eh.e_shnum) * sizeof(Elf64_Shdr)))
+    return fail(ec, message, "ELF section table is malformed");
   auto section = [&](std::uint32_t i, Elf64_Shdr& sh) {
     return read_at(elf, eh.e_shoff + static_cast<std::uint64_t>(i) * sizeof(Elf64_Shdr), sh);
   };
   Elf64_Shdr strtab;
   if (!section(eh.e_shstrndx, strtab) || strtab.sh_type != SHT_STRTAB ||
-      !in_bounds(elf, strtab.sh_offset, strtab.sh_size)) {
-    fail(ec, message, "ELF section names are malformed");
-    return {};
-  }
+      !in_bounds(elf, strtab.sh_offset, strtab.sh_size))
+    return fail(ec, message, "ELF section names are malformed");
   static constexpr char wanted[] = CORA_KERNEL_RECORD_SECTION;
   for (std::uint32_t i = 0; i < eh.e_shnum; ++i) {
     Elf64_Shdr sh;
@@ -250,34 +257,104 @@ std::vector<backend::kernel_desc> read_cpu_kernel_records(std::span<const std::b
     if (sh.sh_name >= strtab.sh_size || strtab.sh_size - sh.sh_name < sizeof(wanted)) continue;
     if (std::memcmp(elf.data() + strtab.sh_offset + sh.sh_name, wanted, sizeof(wanted)) != 0)
       continue;
-    if (sh.sh_type != SHT_PROGBITS || !in_bounds(elf, sh.sh_offset, sh.sh_size)) {
-      fail(ec, message, "the kernel record section is malformed");
-      return {};
-    }
-    if (!read_records(elf.subspan(sh.sh_offset, sh.sh_size),
-                      std::numeric_limits<std::uint64_t>::max(), out, ec, message))
-      return {};
-    if (out.empty()) {
-      fail(ec, message, "the image defines no kernels");
-      return {};
-    }
-    return out;
+    if (sh.sh_type != SHT_PROGBITS || !in_bounds(elf, sh.sh_offset, sh.sh_size))
+      return fail(ec, message, "the kernel record section is malformed");
+    offset = sh.sh_offset;
+    size = sh.sh_size;
+    return true;
   }
-  fail(ec, message, "ELF image has no cora kernel records (not built with cora_add_kernel_binary)");
-  return {};
+  return fail(ec, message,
+              "ELF image has no cora kernel records (not built with cora_add_kernel_binary)");
+}
+
+std::vector<backend::kernel_desc> records_of(std::span<const std::byte> section,
+                                             std::error_code& ec, std::string& message) {
+  std::vector<backend::kernel_desc> out;
+  if (!read_records(section, std::numeric_limits<std::uint64_t>::max(), out, ec, message)) return {};
+  if (out.empty()) {
+    fail(ec, message, "the image defines no kernels");
+    return {};
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<backend::kernel_desc> read_cpu_kernel_records(std::span<const std::byte> elf,
+                                                          std::error_code& ec,
+                                                          std::string& message) {
+  ec.clear();
+  std::uint64_t offset = 0, size = 0;
+  if (!find_cpu_kernel_records(elf, offset, size, ec, message)) return {};
+  return records_of(elf.subspan(offset, size), ec, message);
+}
+
+std::vector<backend::kernel_desc> read_corabin_image_records(const corabin_image& image,
+                                                             std::span<const std::byte> part,
+                                                             std::error_code& ec,
+                                                             std::string& message) {
+  ec.clear();
+  if (image.records_size == 0 || !in_bounds(part, image.records_offset, image.records_size)) {
+    fail(ec, message, "ELF image has no cora kernel records (not built with cora_add_kernel_binary)");
+    return {};
+  }
+  return records_of(part.subspan(image.records_offset, image.records_size), ec, message);
+}
+
+std::size_t loadable_size(std::span<const std::byte> image) noexcept {
+  Elf64_Ehdr eh;
+  if (image.size() < sizeof(eh)) return image.size();
+  std::memcpy(&eh, image.data(), sizeof(eh));
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phoff > image.size() ||
+      (image.size() - eh.e_phoff) / sizeof(Elf64_Phdr) < eh.e_phnum)
+    return image.size();
+  std::uint64_t end = eh.e_phoff + std::uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
+  for (unsigned i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph;
+    std::memcpy(&ph, image.data() + eh.e_phoff + i * sizeof(Elf64_Phdr), sizeof(ph));
+    if (ph.p_offset > image.size() || ph.p_filesz > image.size() - ph.p_offset) return image.size();
+    if (ph.p_type == PT_LOAD || ph.p_type == PT_DYNAMIC || ph.p_type == PT_NOTE ||
+        ph.p_type == PT_GNU_EH_FRAME || ph.p_type == PT_INTERP || ph.p_type == PT_TLS)
+      end = std::max<std::uint64_t>(end, ph.p_offset + ph.p_filesz);
+  }
+  return static_cast<std::size_t>(end);
+}
+
+bool check_corabin_image_kind(const corabin_image& image, std::error_code& ec, std::string& message) {
+  return sniff_binary(image.bytes) == image.kind ||
+         fail(ec, message, "corabin image " + std::to_string(image.index) + " is not what its entry says");
 }
 
 bool verify_corabin_image(const corabin_image& image, std::error_code& ec, std::string& message) {
-  return image_checksum(image.bytes) == image.checksum ||
-         fail(ec, message, "corabin image " + std::to_string(image.index) + " fails its checksum");
+  if (image.bytes.size() != image.size || image_checksum(image.bytes) != image.checksum ||
+      image_checksum(image.bytes.first(image.load_size)) != image.load_checksum)
+    return fail(ec, message, "corabin image " + std::to_string(image.index) + " fails its checksum");
+  return check_corabin_image_kind(image, ec, message);
 }
 
-corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std::string& message,
-                      bool verify_images) {
+bool verify_corabin_load_part(const corabin_image& image, std::span<const std::byte> part,
+                              std::error_code& ec, std::string& message) {
+  if (part.size() != image.load_size || image_checksum(part) != image.load_checksum)
+    return fail(ec, message, "corabin image " + std::to_string(image.index) + " fails its checksum");
+  corabin_image whole = image;
+  whole.bytes = part;
+  return check_corabin_image_kind(whole, ec, message);
+}
+
+std::uint64_t corabin_meta_size(std::span<const std::byte> head) noexcept {
+  corabin_header h;
+  if (!read_at(head, 0, h) || std::memcmp(h.magic, corabin_magic, sizeof(corabin_magic)) != 0) return 0;
+  if (h.image_count > max_images || h.kernel_count > max_kernels) return sizeof(corabin_header);
+  return sizeof(corabin_header) + std::uint64_t{h.image_count} * sizeof(corabin_entry) +
+         std::uint64_t{h.kernel_count} * sizeof(cora_kernel_record);
+}
+
+corabin parse_corabin_meta(std::span<const std::byte> head, std::uint64_t file_size,
+                           std::error_code& ec, std::string& message) {
   ec.clear();
   corabin out;
   corabin_header h;
-  if (!read_at(bytes, 0, h) || std::memcmp(h.magic, corabin_magic, sizeof(corabin_magic)) != 0) {
+  if (!read_at(head, 0, h) || std::memcmp(h.magic, corabin_magic, sizeof(corabin_magic)) != 0) {
     fail(ec, message, "not a corabin container");
     return {};
   }
@@ -285,7 +362,7 @@ corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std
     fail(ec, message, "unsupported corabin version " + std::to_string(h.version));
     return {};
   }
-  if (h.header_size != sizeof(corabin_header) || h.total_size != bytes.size()) {
+  if (h.header_size != sizeof(corabin_header) || h.total_size != file_size || head.size() > file_size) {
     fail(ec, message, "corabin container is truncated or has trailing bytes");
     return {};
   }
@@ -294,44 +371,69 @@ corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std
     return {};
   }
   const std::uint64_t table = sizeof(corabin_header);
-  if (!in_bounds(bytes, table, std::uint64_t{h.image_count} * sizeof(corabin_entry))) {
+  if (!in_bounds(head, table, std::uint64_t{h.image_count} * sizeof(corabin_entry))) {
     fail(ec, message, "corabin image table is truncated");
     return {};
   }
   const std::uint64_t records_size = std::uint64_t{h.kernel_count} * sizeof(cora_kernel_record);
   if (h.records_offset != table + std::uint64_t{h.image_count} * sizeof(corabin_entry) ||
-      !in_bounds(bytes, h.records_offset, records_size)) {
+      !in_bounds(head, h.records_offset, records_size)) {
     fail(ec, message, "corabin kernel records are truncated or misplaced");
     return {};
   }
-  if (meta_checksum(bytes, h.records_offset + records_size) != h.meta_checksum) {
+  if (meta_checksum(head, h.records_offset + records_size) != h.meta_checksum) {
     fail(ec, message, "corabin metadata (header, image table, kernel records) fails its checksum");
     return {};
   }
-  if (!read_records(bytes.subspan(h.records_offset, records_size), h.kernel_count, out.kernels,
+  if (!read_records(head.subspan(h.records_offset, records_size), h.kernel_count, out.kernels,
                     ec, message))
     return {};
   for (std::uint32_t i = 0; i < h.image_count; ++i) {
     corabin_entry e;
-    read_at(bytes, table + std::uint64_t{i} * sizeof(corabin_entry), e);
-    if (e.size == 0 || !in_bounds(bytes, e.offset, e.size)) {
+    read_at(head, table + std::uint64_t{i} * sizeof(corabin_entry), e);
+    if (e.size == 0 || e.offset > file_size || e.size > file_size - e.offset) {
       fail(ec, message, "corabin image " + std::to_string(i) + " lies outside the file");
       return {};
     }
-    const corabin_image image{static_cast<binary_kind>(e.kind), e.arch, bytes.subspan(e.offset, e.size), i,
-                              e.checksum};
-    if (verify_images && !verify_corabin_image(image, ec, message)) return {};
     const auto kind = static_cast<binary_kind>(e.kind);
     if (kind != binary_kind::cpu_elf && kind != binary_kind::cuda_cubin &&
         kind != binary_kind::cuda_fatbin && kind != binary_kind::cuda_ptx) {
       fail(ec, message, "corabin image " + std::to_string(i) + " has an unknown kind");
       return {};
     }
-    if (sniff_binary(image.bytes) != kind) {
-      fail(ec, message, "corabin image " + std::to_string(i) + " is not what its entry says");
+    // The loaded part is the whole of any image but a CPU one, and holds a CPU image's records.
+    const bool cpu = kind == binary_kind::cpu_elf;
+    if (e.load_size == 0 || e.load_size > e.size || (!cpu && e.load_size != e.size) ||
+        (!cpu && (e.records_offset != 0 || e.records_size != 0)) ||
+        e.records_offset > e.load_size || e.records_size > e.load_size - e.records_offset) {
+      fail(ec, message, "corabin image " + std::to_string(i) + " has a malformed entry");
       return {};
     }
+    corabin_image image;
+    image.kind = kind;
+    image.arch = e.arch;
+    image.index = i;
+    image.checksum = e.checksum;
+    image.offset = e.offset;
+    image.size = e.size;
+    image.load_size = e.load_size;
+    image.load_checksum = e.load_checksum;
+    image.records_offset = e.records_offset;
+    image.records_size = e.records_size;
     out.images.push_back(image);
+  }
+  return out;
+}
+
+corabin parse_corabin(std::span<const std::byte> bytes, std::error_code& ec, std::string& message,
+                      bool verify_images) {
+  corabin out = parse_corabin_meta(bytes, bytes.size(), ec, message);
+  if (ec) return {};
+  for (auto& image : out.images) {
+    image.bytes = bytes.subspan(image.offset, image.size);
+    if (verify_images ? !verify_corabin_image(image, ec, message)
+                      : !check_corabin_image_kind(image, ec, message))
+      return {};
   }
   return out;
 }
@@ -349,8 +451,28 @@ std::vector<std::byte> write_corabin(const std::vector<corabin_input>& images,
   std::vector<corabin_entry> entries;
   for (const auto& img : images) {
     end = align_up(end, 64);
-    entries.push_back({static_cast<std::uint32_t>(img.kind), img.arch, end, img.bytes.size(),
-                       image_checksum(img.bytes)});
+    corabin_entry e{};
+    e.kind = static_cast<std::uint32_t>(img.kind);
+    e.arch = img.arch;
+    e.offset = end;
+    e.size = img.bytes.size();
+    e.checksum = image_checksum(img.bytes);
+    e.load_size = e.size;
+    if (img.kind == binary_kind::cpu_elf) {
+      // A CPU image's loader reads its headers and loadable segments, which hold its records;
+      // an image without records keeps none (its load fails on that).
+      std::error_code ec;
+      std::string message;
+      std::uint64_t offset = 0, size = 0;
+      if (find_cpu_kernel_records(img.bytes, offset, size, ec, message)) {
+        e.records_offset = offset;
+        e.records_size = size;
+      }
+      e.load_size = std::max<std::uint64_t>(loadable_size(img.bytes), offset + size);
+      if (e.load_size == 0) e.load_size = e.size;
+    }
+    e.load_checksum = image_checksum(std::span(img.bytes).first(e.load_size));
+    entries.push_back(e);
     end += img.bytes.size();
   }
   h.total_size = end;
@@ -386,7 +508,10 @@ std::vector<std::byte> write_corabin(const std::vector<corabin_input>& images,
 std::size_t canonical_block_size(const std::vector<backend::param_desc>& params, bool& ok) noexcept {
   std::size_t end = 0;
   for (const auto& p : params) {
-    end = next_param_offset(end, p.align) + p.size;
+    // next_param_offset with a mask, not a division: every load checks every kernel's records
+    // (twice on the CPU device), and alignments are powers of two (read_records checks them).
+    const std::size_t slot = slot_alignment(p.align);
+    end = ((slot & (slot - 1)) == 0 ? (end + slot - 1) & ~(slot - 1) : next_param_offset(end, p.align)) + p.size;
     if (end > max_args_block) {
       ok = false;
       return 0;

@@ -213,47 +213,48 @@ cora::event device::make_event(const event_options& options) {
 
 namespace {
 
-// Built by appending: GCC 12 at -O3 warns falsely (-Wrestrict) on "'" + s + "'".
-std::string quoted(const std::filesystem::path& p) {
-  std::string out(1, '\'');
-  out.append(p.string());
-  out.push_back('\'');
-  return out;
-}
-
-// In-memory images up to this size load on the CPU device on the calling thread: the work is a
-// checksum pass and a dlopen of the loadable part, well under a millisecond, less than a hop.
-constexpr std::size_t inline_cpu_load_bytes = std::size_t{4} << 20;
-
 pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
                             detail::intrusive_ptr<detail::async_state<binary>> st,
-                            std::vector<std::byte> bytes, const load_options& options) {
-  if (dev->properties.backend == backend_kind::cpu && bytes.size() <= inline_cpu_load_bytes) {
-    std::error_code ec;
-    std::string message;
-    auto b = detail::load_binary_image(dev, std::move(bytes), options, ec, message);
+                            std::span<const std::byte> bytes, const load_options& options) {
+  auto handle = [&] {
+    return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(st), 0));
+  };
+  std::error_code ec;
+  std::string message;
+  // Recognising the bytes and checking a container's metadata is cheap: done here, so that
+  // only the image the device runs is copied, and only for a load on another thread.
+  detail::load_plan plan;
+  if (!detail::plan_load(*dev, bytes, bytes.size(), plan, ec, message)) {
+    st->complete(ec, message);
+    return handle();
+  }
+  const auto image = bytes.subspan(plan.image.offset, plan.part_size);
+  if (detail::loads_inline(*dev, image.size())) {
+    // A small CPU image loads on the calling thread, straight from the caller's bytes.
+    auto b = detail::load_planned(dev, plan, image, options, ec, message);
     if (ec) {
       st->complete(ec, message);
     } else {
       st->set_value(binary(std::move(b)));
       st->complete({});
     }
-    return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(st), 0));
+    return handle();
   }
   // A GPU load calls into the driver, which may wait for the whole device: never on the
   // caller's executor.
-  asio::post(detail::host_pool(), [dev = std::move(dev), st, bytes = std::move(bytes), options]() mutable {
-    std::error_code ec;
-    std::string message;
-    auto b = detail::load_binary_image(dev, std::move(bytes), options, ec, message);
-    if (ec) {
-      st->complete(ec, message);
+  asio::post(detail::host_pool(), [dev = std::move(dev), st, copy = std::vector<std::byte>(image.begin(), image.end()),
+                                   plan = std::move(plan), options]() mutable {
+    std::error_code e;
+    std::string m;
+    auto b = detail::load_planned(dev, plan, copy, options, e, m);
+    if (e) {
+      st->complete(e, m);
       return;
     }
     st->set_value(binary(std::move(b)));
     st->complete({});
   });
-  return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(st), 0));
+  return handle();
 }
 
 }  // namespace
@@ -264,7 +265,7 @@ pending<binary> device::load_binary(std::span<const std::byte> bytes, const load
     st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
     return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
   }
-  return finish_load(state(), std::move(st), std::vector<std::byte>(bytes.begin(), bytes.end()), options);
+  return finish_load(state(), std::move(st), bytes, options);
 }
 
 pending<binary> device::load_binary(const std::filesystem::path& path, const load_options& options) {
@@ -273,38 +274,17 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
     st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
     return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
   }
-  // The read goes through the I/O queue; its callback runs on the queue's thread, so a GPU
-  // load (a driver call that may take long) is handed to the host pool.
-  detail::read_whole_file(path, [dev = state(), st, options, path](std::error_code ec, std::string message,
-                                                               std::vector<std::byte> bytes) mutable {
-    if (ec) {
-      st->complete(ec, std::move(message));
-      return;
-    }
-    if (bytes.empty()) {
-      st->complete(make_error_code(errc::invalid_binary), quoted(path) + " is empty");
-      return;
-    }
-    // A small CPU image is loaded right here (see inline_cpu_load_bytes); anything else on
-    // the host pool.
-    const bool here = dev->properties.backend == backend_kind::cpu && bytes.size() <= inline_cpu_load_bytes;
-    auto load = [dev = std::move(dev), st, bytes = std::move(bytes), options,
-                 path = std::move(path)]() mutable {
-      std::error_code e;
-      std::string m;
-      auto b = detail::load_binary_image(dev, std::move(bytes), options, e, m);
-      if (e) {
-        st->complete(e, quoted(path) + ": " + m);
-        return;
-      }
-      st->set_value(binary(std::move(b)));
-      st->complete({});
-    };
-    if (here)
-      load();
-    else
-      asio::post(detail::host_pool(), std::move(load));
-  });
+  // The reads go through the I/O queue; a GPU load (a driver call that may take long) is then
+  // handed to the host pool.
+  detail::load_binary_file(state(), path, options,
+                           [st](std::error_code ec, std::string message, std::shared_ptr<detail::binary_state> b) {
+                             if (ec) {
+                               st->complete(ec, std::move(message));
+                               return;
+                             }
+                             st->set_value(binary(std::move(b)));
+                             st->complete({});
+                           });
   return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
 }
 

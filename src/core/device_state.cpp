@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
+#include <vector>
 
 #include <asio/error.hpp>
 #include <asio/post.hpp>
@@ -14,34 +16,61 @@ namespace cora::detail {
 
 alloc_table::~alloc_table() {
   // Records still here belong to handles that outlived their device's table (the process is
-  // exiting, or a leak): nothing can free them any more.
-  for (auto& [a, r] : records_) delete r;
+  // exiting, or a leak): nothing can free them any more. Each is deleted from the shard of
+  // its base only (it may be in others too).
+  for (unsigned i = 0; i < shard_count; ++i)
+    for (auto& [a, r] : shards_[i].records)
+      if (shard_of(a) == i) delete r;
+}
+
+void alloc_table::span_of(const alloc_record& r, unsigned& first, unsigned& n) noexcept {
+  first = shard_of(r.base);
+  const std::uintptr_t last = r.base + (r.size ? r.size - 1 : 0);
+  const std::uintptr_t granules = (last >> granule_shift) - (r.base >> granule_shift) + 1;
+  n = granules < shard_count ? static_cast<unsigned>(granules) : shard_count;
 }
 
 void alloc_table::insert(alloc_record* r) {
-  std::unique_lock lock(mutex_);
-  records_[r->base] = r;
+  unsigned first = 0, n = 0;
+  span_of(*r, first, n);
+  for (unsigned i = 0; i < n; ++i) {
+    auto& sh = shards_[(first + i) % shard_count];
+    std::unique_lock lock(sh.mutex);
+    sh.records[r->base] = r;
+  }
 }
 
 alloc_record* alloc_table::drop(const void* p) {
-  std::unique_lock lock(mutex_);
-  auto it = records_.find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == records_.end() || it->second->dropped.load(std::memory_order_relaxed)) return nullptr;
-  it->second->dropped.store(true, std::memory_order_release);
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  auto& sh = shards_[shard_of(a)];
+  // A shared lock is enough: the record cannot be erased while it is held, and of two drops
+  // of the same pointer the flag lets one win.
+  std::shared_lock lock(sh.mutex);
+  auto it = sh.records.find(a);
+  if (it == sh.records.end()) return nullptr;
+  bool expected = false;
+  if (!it->second->dropped.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
+    return nullptr;
   return it->second;
 }
 
 void alloc_table::erase(alloc_record* r) noexcept {
-  std::unique_lock lock(mutex_);
-  auto it = records_.find(r->base);
-  if (it != records_.end() && it->second == r) records_.erase(it);
+  unsigned first = 0, n = 0;
+  span_of(*r, first, n);
+  for (unsigned i = 0; i < n; ++i) {
+    auto& sh = shards_[(first + i) % shard_count];
+    std::unique_lock lock(sh.mutex);
+    auto it = sh.records.find(r->base);
+    if (it != sh.records.end() && it->second == r) sh.records.erase(it);
+  }
 }
 
 bool alloc_table::find(const void* p, memory_region& out, memory_region::kind k, alloc_ref* ref) const {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
-  std::shared_lock lock(mutex_);
-  auto it = records_.upper_bound(a);
-  if (it == records_.begin()) return false;
+  const auto& sh = shards_[shard_of(a)];
+  std::shared_lock lock(sh.mutex);
+  auto it = sh.records.upper_bound(a);
+  if (it == sh.records.begin()) return false;
   --it;
   alloc_record* r = it->second;
   if (a >= r->base + r->size) return false;
@@ -129,6 +158,51 @@ struct device_state::pinned_pool {
   std::size_t reserved = 0;
   std::size_t free_bytes = 0;
   bool growing = false;
+
+  // Freed blocks of up to 1 MiB kept by size, under a lock of their own: the best fit above
+  // costs several tree updates (and their node allocations) under the pool's lock, and the
+  // kernel server's workers, which allocate and free per request, queued on it (H200). A kept
+  // block stays "used" for the slabs; it goes back to them when an allocation finds nothing
+  // that fits, and on trim.
+  static constexpr std::size_t max_kept_block = std::size_t{1} << 20;
+  static constexpr std::size_t max_kept_bytes = std::size_t{32} << 20;
+  std::mutex kept_mutex;
+  std::unordered_map<std::size_t, std::vector<std::uintptr_t>> kept;
+  std::atomic<std::size_t> kept_bytes{0};  // changed under kept_mutex; read without it
+
+  std::uintptr_t take_kept(std::size_t size) {
+    if (size > max_kept_block) return 0;
+    std::lock_guard lock(kept_mutex);
+    auto it = kept.find(size);
+    if (it == kept.end() || it->second.empty()) return 0;
+    const std::uintptr_t a = it->second.back();
+    it->second.pop_back();
+    kept_bytes.store(kept_bytes.load(std::memory_order_relaxed) - size, std::memory_order_relaxed);
+    return a;
+  }
+  bool keep(std::uintptr_t a, std::size_t size) {
+    if (size > max_kept_block) return false;
+    std::lock_guard lock(kept_mutex);
+    const std::size_t now = kept_bytes.load(std::memory_order_relaxed);
+    if (now + size > max_kept_bytes) return false;
+    kept[size].push_back(a);  // the vector keeps its capacity: a warm cache allocates nothing
+    kept_bytes.store(now + size, std::memory_order_relaxed);
+    return true;
+  }
+  // Gives every kept block back to the slabs. Call with `mutex` held.
+  void return_kept_locked() {
+    std::unordered_map<std::size_t, std::vector<std::uintptr_t>> out;
+    {
+      std::lock_guard lock(kept_mutex);
+      for (auto& [size, blocks] : kept) {
+        if (blocks.empty()) continue;
+        out[size].swap(blocks);
+      }
+      kept_bytes.store(0, std::memory_order_relaxed);
+    }
+    for (auto& [size, blocks] : out)
+      for (std::uintptr_t a : blocks) give_back(a, size);
+  }
 
   void insert_free(std::uintptr_t a, std::size_t size, std::size_t s) {
     free.emplace(a, block{size, s});
@@ -272,7 +346,7 @@ void device_state::free_record(alloc_record* r) noexcept {
       allocations_.erase(r);
       // Stream-ordered where the backend has it (CUDA: cuMemFreeAsync on cora's memory
       // stream): never waits for the device.
-      backend->free(p);
+      backend->free(p, r->size);
       in_use_.fetch_sub(r->size, std::memory_order_relaxed);
       break;
     case alloc_record::origin::pinned_direct:
@@ -282,8 +356,10 @@ void device_state::free_record(alloc_record* r) noexcept {
       break;
     case alloc_record::origin::pinned_pool: {
       runtime->pinned.erase(r);
-      std::lock_guard lock(pinned_pool_->mutex);
-      pinned_pool_->give_back(r->base, r->size);
+      if (!pinned_pool_->keep(r->base, r->size)) {
+        std::lock_guard lock(pinned_pool_->mutex);
+        pinned_pool_->give_back(r->base, r->size);
+      }
       add_pinned_in_use(-static_cast<std::ptrdiff_t>(r->size));
       break;
     }
@@ -315,11 +391,15 @@ void* device_state::pinned_alloc(std::size_t bytes, std::error_code& ec) {
   }
   const std::size_t size = (bytes + pinned_pool::granule - 1) / pinned_pool::granule * pinned_pool::granule;
   const std::size_t limit = runtime->options.pinned_memory_limit;
-  std::uintptr_t a = 0;
+  std::uintptr_t a = pool.take_kept(size);
   bool prefetch = false;
-  {
+  if (!a) {
     std::lock_guard lock(pool.mutex);
     a = pool.take(size);
+    if (!a && pool.kept_bytes.load(std::memory_order_relaxed) != 0) {
+      pool.return_kept_locked();  // kept blocks of other sizes may make room
+      a = pool.take(size);
+    }
     if (a) {
       // Running low: grow ahead of need on a cora thread, so the next allocations find room.
       if (pool.free_bytes < default_slab / 2 && !pool.growing &&
@@ -455,6 +535,7 @@ void device_state::trim_memory(std::size_t keep) noexcept {
   {
     std::lock_guard lock(pinned_pool_->mutex);
     auto& pool = *pinned_pool_;
+    pool.return_kept_locked();
     for (std::size_t i = 0; i < pool.slabs.size(); ++i) {
       auto& sl = pool.slabs[i];
       if (!sl.base || sl.used != 0) continue;

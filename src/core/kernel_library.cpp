@@ -26,7 +26,7 @@ kernel_library::per_device& kernel_library::on(const std::shared_ptr<detail::dev
   // First launch on this device: load the embedded binary here, in call order.
   std::error_code ec;
   std::string message;
-  auto st = detail::load_binary_image(dev, std::vector<std::byte>(image_.begin(), image_.end()), {}, ec, message);
+  auto st = detail::load_binary_image(dev, std::span<const std::byte>(image_), {}, ec, message);
   if (ec) throw error(ec, "cannot load the kernel library on " + dev->properties.name + ": " + message);
   auto d = std::make_unique<per_device>();
   d->device = dev;

@@ -38,7 +38,7 @@ staging_arena::slice staging_arena::take(device_state& dev, std::size_t bytes, s
   // Pinned memory from the device's slab pool: no driver call once the pool is warm.
   c.host = static_cast<std::byte*>(dev.pinned_alloc(c.size, ec));
   if (ec) {
-    dev.backend->free(c.device);
+    dev.backend->free(c.device, c.size);
     return {};
   }
   c.used = need;
@@ -49,7 +49,7 @@ staging_arena::slice staging_arena::take(device_state& dev, std::size_t bytes, s
 
 void staging_arena::release(device_state& dev) noexcept {
   for (auto& c : chunks_) {
-    dev.backend->free(c.device);
+    dev.backend->free(c.device, c.size);
     free_host_memory(dev, c.host);
   }
   chunks_.clear();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "core/adaptive_mutex.hpp"
 #include "core/engine.hpp"
 #include "cora/binary.hpp"
 #include "cora/device.hpp"
@@ -109,8 +110,23 @@ class alloc_table {
   bool find(const void* p, memory_region& out, memory_region::kind k, alloc_ref* ref) const;
 
  private:
-  mutable std::shared_mutex mutex_;
-  std::map<std::uintptr_t, alloc_record*> records_;
+  // Sharded by 64 KiB granule of the address: every op classifies its pointers here, and with
+  // one lock the kernel server's 16 workers spent their time queueing on it (H200). A record
+  // is in the shard of every granule it covers (at most every shard once), so a lookup reads
+  // one shard: there, the record with the greatest base at or below the address is the only
+  // one that can contain it, since allocations never overlap.
+  static constexpr unsigned shard_count = 32;
+  static constexpr unsigned granule_shift = 16;
+  struct shard {
+    mutable std::shared_mutex mutex;
+    std::map<std::uintptr_t, alloc_record*> records;
+  };
+  static unsigned shard_of(std::uintptr_t a) noexcept {
+    return static_cast<unsigned>((a >> granule_shift) % shard_count);
+  }
+  /// The shards `r` is in: `first`, and the `n - 1` after it (cyclically).
+  static void span_of(const alloc_record& r, unsigned& first, unsigned& n) noexcept;
+  std::array<shard, shard_count> shards_;
 };
 
 /// State shared by a runtime's devices.
@@ -395,7 +411,7 @@ class stream_state final : public completion_source {
 
   /// Enqueues several backend calls as one op position (e.g. a placeholder copy + launch);
   /// used by launches that stage data first.
-  std::mutex& enqueue_mutex() noexcept { return mutex_; }
+  adaptive_mutex& enqueue_mutex() noexcept { return mutex_; }
   std::uint64_t next_seq_locked() const noexcept { return last_seq_ + 1; }
   void note_marker_for_tail_locked();
   void commit_locked(std::uint64_t seq, op_keep keep);
@@ -460,7 +476,7 @@ class stream_state final : public completion_source {
   /// Advances `completed` past completed markers and releases finished ops' keep-alives.
   bool advance_locked(keep_drop& drop);
 
-  mutable std::mutex mutex_;
+  mutable adaptive_mutex mutex_;
   std::uint64_t last_seq_ = 0;
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> tail_watch_{0};

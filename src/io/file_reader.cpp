@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -140,6 +141,65 @@ std::vector<std::byte> read_whole_file_sync(const std::filesystem::path& path, s
 
 void read_whole_file(const std::filesystem::path& path, file_callback done) {
   std::make_shared<whole_read>(io::default_queue(), path, std::move(done))->start();
+}
+
+void file_parts::open(const std::filesystem::path& path, open_callback done) {
+  auto& q = io::default_queue();
+  q.open(path.string(), O_RDONLY | O_CLOEXEC, [&q, path, done = std::move(done)](int res) {
+    if (res < 0) return done(sys_error(-res), describe("cannot open", path, -res), nullptr);
+    std::error_code ec;
+    std::string message;
+    const std::size_t size = regular_file_size(res, path, ec, message);
+    if (ec) {
+      q.close(res);
+      return done(ec, std::move(message), nullptr);
+    }
+    done({}, {}, std::shared_ptr<file_parts>(new file_parts(path, res, size)));
+  });
+}
+
+namespace {
+
+/// One part read in flight: reads again after a partial read until all is there.
+struct part_read : std::enable_shared_from_this<part_read> {
+  std::shared_ptr<file_parts> keep;  // the file stays open until the read is done
+  int fd;
+  std::uint64_t offset;
+  std::byte* buf;
+  std::size_t len;
+  std::size_t got = 0;
+  file_parts::read_callback done;
+
+  void next() {
+    if (got == len) return done({}, {});
+    io::default_queue().read(fd, buf + got, std::min(len - got, io::max_read_bytes), offset + got, -1,
+                             [self = shared_from_this()](int res) { self->on_read(res); });
+  }
+  void on_read(int res) {
+    if (res == -EINTR || res == -EAGAIN) return next();
+    if (res < 0) return done(sys_error(-res), describe("cannot read", keep->path(), -res));
+    if (res == 0)
+      return done(std::make_error_code(std::errc::io_error), short_read(keep->path(), got, len));
+    got += static_cast<std::size_t>(res);
+    next();
+  }
+};
+
+}  // namespace
+
+void file_parts::read(std::uint64_t offset, std::size_t len, std::byte* buf, read_callback done) {
+  auto r = std::make_shared<part_read>();
+  r->keep = shared_from_this();  // the file stays open while its read is in flight
+  r->fd = fd_;
+  r->offset = offset;
+  r->buf = buf;
+  r->len = len;
+  r->done = std::move(done);
+  r->next();
+}
+
+file_parts::~file_parts() {
+  if (fd_ >= 0) io::default_queue().close(fd_);
 }
 
 }  // namespace cora::detail

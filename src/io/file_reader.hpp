@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -24,6 +25,39 @@ void read_whole_file(const std::filesystem::path& path, file_callback done);
 /// EINVAL for other kinds); sets `ec` and a message naming `path` otherwise.
 std::size_t regular_file_size(int fd, const std::filesystem::path& path, std::error_code& ec,
                               std::string& message);
+
+/// A regular file open for reads of chosen parts through the process's I/O queue, so that a
+/// loader reads what it needs of a large file (a container's metadata and one image), not all
+/// of it. Closed (without waiting) when the last reference goes.
+class file_parts : public std::enable_shared_from_this<file_parts> {
+ public:
+  using open_callback =
+      std::function<void(std::error_code ec, std::string message, std::shared_ptr<file_parts> file)>;
+  using read_callback = std::function<void(std::error_code ec, std::string message)>;
+
+  /// Opens `path`; returns at once. `done` runs on the queue's thread, with the file or with
+  /// read_whole_file's errors.
+  static void open(const std::filesystem::path& path, open_callback done);
+
+  /// The file's size when it was opened.
+  std::uint64_t size() const noexcept { return size_; }
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+  /// Reads all of [offset, offset + len) into `buf` (which must stay valid until `done`);
+  /// returns at once. `done` runs on the queue's thread; std::errc::io_error for a short read.
+  void read(std::uint64_t offset, std::size_t len, std::byte* buf, read_callback done);
+
+  ~file_parts();
+  file_parts(const file_parts&) = delete;
+  file_parts& operator=(const file_parts&) = delete;
+
+ private:
+  file_parts(std::filesystem::path path, int fd, std::uint64_t size)
+      : path_(std::move(path)), fd_(fd), size_(size) {}
+  std::filesystem::path path_;
+  int fd_;
+  std::uint64_t size_;
+};
 
 /// Reads all of `path` on the calling thread (blocking), with the same errors.
 std::vector<std::byte> read_whole_file_sync(const std::filesystem::path& path, std::error_code& ec,

@@ -1,6 +1,7 @@
 // libFuzzer target: every kernel binary parser on arbitrary bytes. Sniffing never fails;
 // the CPU image's kernel records and the .corabin container (with its kernel metadata table)
 // either parse into something self-consistent or fail with invalid_binary and a message.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -56,6 +57,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check_kernels(records);
   }
 
+  // A file load parses the metadata from the first bytes alone: the same answer as the whole.
+  message.clear();
+  const std::uint64_t meta = corabin_meta_size(bytes);
+  corabin head = parse_corabin_meta(bytes.first(std::min<std::uint64_t>(meta, size)), size, ec, message);
+  if (ec) check_failure(ec, message);
+  const bool head_ok = !ec;
+
   message.clear();
   corabin c = parse_corabin(bytes, ec, message);
   if (ec) {
@@ -63,7 +71,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   require(kind == binary_kind::corabin && !c.images.empty());
+  require(head_ok && head.images.size() == c.images.size());
   check_kernels(c.kernels);
+  // The loaded part of each image passes its own check, and a CPU image's records read from
+  // it either fail with invalid_binary or are valid.
+  for (const auto& img : c.images) {
+    require(img.load_size > 0 && img.load_size <= img.size);
+    const auto part = img.bytes.first(img.load_size);
+    require(verify_corabin_load_part(img, part, ec, message));
+    if (img.kind != binary_kind::cpu_elf) continue;
+    auto own = read_corabin_image_records(img, part, ec, message);
+    if (ec)
+      check_failure(ec, message);
+    else
+      check_kernels(own);
+  }
   // A container that parses survives a round trip through the writer.
   std::vector<corabin_input> inputs;
   for (const auto& img : c.images) {

@@ -678,7 +678,7 @@ void* cpu_device::alloc(std::size_t bytes, std::error_code& ec) {
   return memory_.allocate(bytes, ec);
 }
 
-void cpu_device::free(void* p) noexcept { memory_.deallocate(p); }
+void cpu_device::free(void* p, std::size_t) noexcept { memory_.deallocate(p); }
 
 void cpu_device::trim(std::size_t) noexcept { memory_.release_free_pages(); }
 

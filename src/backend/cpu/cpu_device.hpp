@@ -263,7 +263,7 @@ class cpu_device final : public device {
 
   const device_info& info() const override { return info_; }
   void* alloc(std::size_t bytes, std::error_code& ec) override;
-  void free(void* p) noexcept override;
+  void free(void* p, std::size_t bytes) noexcept override;
   /// Gives back the pages that small frees kept (every free page: `keep` is not counted here).
   void trim(std::size_t keep) noexcept override;
   void* alloc_host(std::size_t bytes, std::error_code& ec) override;

@@ -31,36 +31,7 @@ bool write_all(int fd, const std::byte* p, std::size_t n) {
   return true;
 }
 
-// CORA_CPU_FULL_IMAGES=1 keeps the whole image in the memory file (debug sections included),
-// for debuggers that read symbols from the loaded file.
-bool full_images() {
-  static const bool full = [] {
-    const char* v = std::getenv("CORA_CPU_FULL_IMAGES");
-    return v && *v && std::strcmp(v, "0") != 0;
-  }();
-  return full;
-}
-
 }  // namespace
-
-std::size_t loadable_size(std::span<const std::byte> image) noexcept {
-  Elf64_Ehdr eh;
-  if (image.size() < sizeof(eh)) return image.size();
-  std::memcpy(&eh, image.data(), sizeof(eh));
-  if (eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phoff > image.size() ||
-      (image.size() - eh.e_phoff) / sizeof(Elf64_Phdr) < eh.e_phnum)
-    return image.size();
-  std::uint64_t end = eh.e_phoff + std::uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
-  for (unsigned i = 0; i < eh.e_phnum; ++i) {
-    Elf64_Phdr ph;
-    std::memcpy(&ph, image.data() + eh.e_phoff + i * sizeof(Elf64_Phdr), sizeof(ph));
-    if (ph.p_offset > image.size() || ph.p_filesz > image.size() - ph.p_offset) return image.size();
-    if (ph.p_type == PT_LOAD || ph.p_type == PT_DYNAMIC || ph.p_type == PT_NOTE ||
-        ph.p_type == PT_GNU_EH_FRAME || ph.p_type == PT_INTERP || ph.p_type == PT_TLS)
-      end = std::max<std::uint64_t>(end, ph.p_offset + ph.p_filesz);
-  }
-  return static_cast<std::size_t>(end);
-}
 
 void global_ranges::add(const void* p, std::size_t size) {
   std::lock_guard lock(mutex_);
@@ -87,10 +58,21 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
                                              std::shared_ptr<global_ranges> globals) {
   // The kernel records were read and checked by the core (against the container's metadata,
   // which its checksum covers); entries are found by name at their first lookup.
-  // dlopen needs a file: an anonymous memory file, never a path on disk. It gets the bytes the
-  // loader maps, without the section table (which the loader never reads), so a large image
-  // with debug information costs no more to load than a stripped one.
-  const std::size_t size = full_images() ? image.size() : loadable_size(image);
+  // dlopen needs a file: an anonymous memory file, never a path on disk. The core passes the
+  // bytes the loader maps (the image up to its last loadable segment, without debug sections,
+  // unless CORA_CPU_FULL_IMAGES asks for them), so a large image with debug information costs
+  // no more to load than a stripped one. A section table outside them is dropped from the
+  // header (the dynamic loader never reads it).
+  const std::size_t size = image.size();
+  if (size < sizeof(Elf64_Ehdr)) {
+    ec = make_error_code(errc::invalid_binary);
+    message = "the kernel image is too small for an ELF header";
+    return nullptr;
+  }
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, image.data(), sizeof(eh));
+  const bool table_inside = eh.e_shoff <= size && eh.e_shentsize == sizeof(Elf64_Shdr) &&
+                            (size - eh.e_shoff) / sizeof(Elf64_Shdr) >= eh.e_shnum;
   const int fd = ::memfd_create("cora-kernel-image", MFD_CLOEXEC);
   if (fd < 0) {
     ec = std::error_code(errno, std::system_category());
@@ -98,9 +80,7 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
     return nullptr;
   }
   bool ok;
-  if (size < image.size()) {
-    Elf64_Ehdr eh;
-    std::memcpy(&eh, image.data(), sizeof(eh));
+  if (!table_inside) {
     eh.e_shoff = 0;
     eh.e_shnum = 0;
     eh.e_shstrndx = SHN_UNDEF;

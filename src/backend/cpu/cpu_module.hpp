@@ -1,5 +1,5 @@
-// A CPU kernel image loaded into the process: the loadable part of the shared object written to
-// an anonymous memory file and dlopen-ed. Kernel entries are looked up by name at their first
+// A CPU kernel image loaded into the process: the part of the shared object that the core
+// passes (its loadable part) written to an anonymous memory file and dlopen-ed. Kernel entries are looked up by name at their first
 // use; the core lists the kernels (from the image's records, checked at load).
 #pragma once
 
@@ -60,10 +60,5 @@ class cpu_module final : public module {
   std::mutex published_mutex_;
   std::vector<const void*> published_;  // globals added to globals_, removed at unload
 };
-
-/// Bytes of a CPU image that the dynamic loader reads: up to the end of its last loadable
-/// segment (the program headers and every PT_LOAD inside), so debug sections and the section
-/// table need not be copied. The whole image when its headers do not say.
-std::size_t loadable_size(std::span<const std::byte> image) noexcept;
 
 }  // namespace cora::backend::cpu

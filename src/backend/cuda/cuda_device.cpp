@@ -1,5 +1,6 @@
 #include "backend/cuda/cuda_device.hpp"
 
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -106,6 +107,7 @@ cuda_device::~cuda_device() {
 void cuda_device::shutdown() noexcept {
   if (!memory_stream_) return;
   current_context cur(*ctx_);
+  release_cache();
   // Frees still queued complete first; the pool itself stays (memory handed out may still be
   // freed later, stream-ordered on the default stream then).
   ctx_->api.cuStreamSynchronize(memory_stream_);
@@ -120,26 +122,76 @@ std::error_code cuda_device::fail(CUresult r) noexcept {
   return to_error_code(r);
 }
 
+namespace {
+
+// Blocks up to this size are kept for reuse; larger ones go back to the pool at once (their
+// allocation's round trip is small beside what they hold).
+constexpr std::size_t max_cached_block = std::size_t{64} << 20;
+
+// The size a request is served with: at least 512 bytes, else rounded up to a quarter of its
+// power of two, so that requests of nearby sizes share blocks and at most a fifth is wasted.
+std::size_t size_class(std::size_t bytes) noexcept {
+  if (bytes <= 512) return 512;
+  const std::size_t step = std::bit_floor(bytes - 1) / 4;
+  return (bytes + step - 1) / step * step;
+}
+
+}  // namespace
+
+CUdeviceptr cuda_device::take_cached(std::size_t cls) noexcept {
+  std::lock_guard lock(cache_mutex_);
+  auto it = cache_.find(cls);
+  if (it == cache_.end() || it->second.empty()) return 0;
+  const CUdeviceptr p = it->second.back();
+  it->second.pop_back();
+  cached_bytes_ -= cls;
+  return p;
+}
+
+void cuda_device::release_cache() noexcept {
+  std::unordered_map<std::size_t, std::vector<CUdeviceptr>> out;
+  {
+    std::lock_guard lock(cache_mutex_);
+    out.swap(cache_);
+    cached_bytes_ = 0;
+  }
+  for (auto& [cls, blocks] : out)
+    for (CUdeviceptr p : blocks) ctx_->api.cuMemFreeAsync(p, memory_stream_);
+}
+
+void cuda_device::pool_alloc(CUdeviceptr& p, std::size_t bytes, CUresult& r) noexcept {
+  // The internal stream runs only allocations and frees, whose memory no op uses any more,
+  // so its synchronize returns as soon as the allocation is made: it never waits for a
+  // kernel. After it, every stream may use the memory. No lock: the driver's calls are
+  // thread-safe, and one held across the synchronize made every thread's allocations queue
+  // behind one another.
+  r = ctx_->api.cuMemAllocFromPoolAsync(&p, bytes, pool_, memory_stream_);
+  if (r != CUDA_SUCCESS) return;
+  r = ctx_->api.cuStreamSynchronize(memory_stream_);
+  if (r != CUDA_SUCCESS) {
+    ctx_->api.cuMemFreeAsync(p, memory_stream_);
+    p = 0;
+  }
+}
+
 void* cuda_device::alloc(std::size_t bytes, std::error_code& ec) {
-  current_context cur(*ctx_);
   CUdeviceptr p = 0;
-  CUresult r = cur.result;
-  if (cur && pool_) {
-    // The internal stream runs only allocations and frees, whose memory no op uses any more,
-    // so its synchronize returns as soon as the allocation is made: it never waits for a
-    // kernel. After it, every stream may use the memory. No lock: the driver's calls are
-    // thread-safe, and one held across the synchronize made every thread's allocations queue
-    // behind one another (the kernel server allocates per request on every worker).
-    r = ctx_->api.cuMemAllocFromPoolAsync(&p, bytes, pool_, memory_stream_);
-    if (r == CUDA_SUCCESS) {
-      r = ctx_->api.cuStreamSynchronize(memory_stream_);
-      if (r != CUDA_SUCCESS) {
-        ctx_->api.cuMemFreeAsync(p, memory_stream_);
-        p = 0;
+  CUresult r = CUDA_SUCCESS;
+  const std::size_t cls = pool_ && bytes <= max_cached_block ? size_class(bytes) : bytes;
+  if (pool_ && cls <= max_cached_block) p = take_cached(cls);
+  if (!p) {
+    current_context cur(*ctx_);
+    r = cur.result;
+    if (cur && pool_) {
+      pool_alloc(p, cls, r);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        // Blocks kept for other sizes may be what is missing.
+        release_cache();
+        pool_alloc(p, cls, r);
       }
+    } else if (cur) {
+      r = ctx_->api.cuMemAlloc(&p, bytes);
     }
-  } else if (cur) {
-    r = ctx_->api.cuMemAlloc(&p, bytes);
   }
   if (r != CUDA_SUCCESS) {
     ec = fail(r);
@@ -149,15 +201,26 @@ void* cuda_device::alloc(std::size_t bytes, std::error_code& ec) {
   return reinterpret_cast<void*>(p);
 }
 
-void cuda_device::free(void* p) noexcept {
+void cuda_device::free(void* p, std::size_t bytes) noexcept {
   if (!p) return;
+  const auto dp = reinterpret_cast<CUdeviceptr>(p);
+  if (pool_ && bytes <= max_cached_block) {
+    const std::size_t cls = size_class(bytes);
+    std::lock_guard lock(cache_mutex_);
+    if (cached_bytes_ + cls <= cache_limit_) {
+      // The vector keeps its capacity: a warm cache allocates nothing here.
+      cache_[cls].push_back(dp);
+      cached_bytes_ += cls;
+      return;
+    }
+  }
   current_context cur(*ctx_);
   // The core frees only memory that no op in flight uses: a stream-ordered free on the
   // internal stream is ready at once, and returns without waiting.
   if (pool_)
-    ctx_->api.cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(p), memory_stream_);
+    ctx_->api.cuMemFreeAsync(dp, memory_stream_);
   else
-    ctx_->api.cuMemFree(reinterpret_cast<CUdeviceptr>(p));
+    ctx_->api.cuMemFree(dp);
 }
 
 memory_counters cuda_device::memory() const noexcept {
@@ -172,6 +235,10 @@ memory_counters cuda_device::memory() const noexcept {
 
 void cuda_device::set_pool_release_threshold(std::size_t bytes) noexcept {
   if (!pool_) return;
+  {
+    std::lock_guard lock(cache_mutex_);
+    cache_limit_ = bytes;
+  }
   current_context cur(*ctx_);
   cuuint64_t v = bytes;
   if (cur) ctx_->api.cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
@@ -180,7 +247,11 @@ void cuda_device::set_pool_release_threshold(std::size_t bytes) noexcept {
 void cuda_device::trim(std::size_t keep) noexcept {
   if (!pool_) return;
   current_context cur(*ctx_);
-  if (cur) ctx_->api.cuMemPoolTrimTo(pool_, keep);
+  if (!cur) return;
+  release_cache();
+  // The frees just queued must have run before the pool can return their memory.
+  ctx_->api.cuStreamSynchronize(memory_stream_);
+  ctx_->api.cuMemPoolTrimTo(pool_, keep);
 }
 
 foreign_memory cuda_device::describe_pointer(const void* p) noexcept {

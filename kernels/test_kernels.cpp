@@ -175,3 +175,11 @@ CORA_KERNEL(spin_then_fill)(const std::uint32_t* go, std::uint32_t* out, std::ui
   cora::sync_block();
   for (std::uint64_t i = cora::thread_idx(); i < n; i += cora::block_dim()) out[i] = pattern;
 }
+
+// A global of the device code (binary::global, aclrtBinaryGetGlobal), and a kernel that adds
+// `n` to it.
+CORA_GLOBAL(std::uint32_t, cora_test_counter, 7)
+
+CORA_KERNEL(bump_global)(std::uint32_t n) {
+  if (cora::global_idx() == 0) cora_test_counter += n;
+}

@@ -1,5 +1,8 @@
 // The C API: binaries, functions, and symbols of mixed-mode launchers.
+#include <dlfcn.h>
+
 #include "core/state.hpp"
+#include "cora/detail/cpu_kernel_abi.h"
 #include "support/acl_c_api.h"
 #include "support/acl_fixture.hpp"
 #include "test_mixed_kernels.hpp"
@@ -334,13 +337,26 @@ TEST_P(acl_binary_test, BinaryObjectsAndFunctionQueries) {
   ASSERT_EQ(aclrtGetFunctionAttribute(f, ACL_FUNC_ATTR_KERNEL_TYPE, &v), ACL_SUCCESS);
   EXPECT_EQ(v, 0);
   EXPECT_EQ(aclrtGetFunctionAttribute(f, static_cast<aclrtFuncAttribute>(0), &v), ACL_ERROR_INVALID_PARAM);
-  void *aic = nullptr, *aiv = nullptr;
-  EXPECT_EQ(aclrtGetFunctionAddr(f, &aic, &aiv), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  void *aic = nullptr, *aiv = reinterpret_cast<void*>(1);
+  if (cuda()) {
+    EXPECT_EQ(aclrtGetFunctionAddr(f, &aic, &aiv), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_NE(std::string(aclGetRecentErrMsg()).find("code address"), std::string::npos);
+  } else {
+    // The CPU device: the kernel's entry function in the loaded image.
+    ASSERT_EQ(aclrtGetFunctionAddr(f, &aic, &aiv), ACL_SUCCESS) << aclGetRecentErrMsg();
+    Dl_info info{};
+    ASSERT_NE(dladdr(aic, &info), 0);
+    ASSERT_NE(info.dli_sname, nullptr);
+    EXPECT_EQ(std::string(info.dli_sname), std::string(CORA_KERNEL_ENTRY_PREFIX) + "add_f32");
+    EXPECT_EQ(aiv, nullptr);
+  }
+  EXPECT_EQ(aclrtGetFunctionAddr(f, nullptr, &aiv), ACL_ERROR_INVALID_PARAM);
   void* addr = nullptr;
   size_t size = 0;
   EXPECT_EQ(aclrtBinaryGetDevAddress(bin, &addr, &size), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
-  EXPECT_EQ(aclrtBinaryGetGlobal(bin, "x", &addr, &size), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
   EXPECT_NE(aclGetRecentErrMsg(), nullptr);
+  EXPECT_EQ(aclrtBinaryGetGlobal(bin, "x", &addr, &size), ACL_ERROR_RT_PARAM_INVALID);  // no such global
+  EXPECT_NE(std::string(aclGetRecentErrMsg()).find("'x'"), std::string::npos);
   // The function works: launch it.
   auto b = make_add(256);
   void* args[] = {&b.x, &b.y, &b.z, &b.n};
@@ -349,6 +365,32 @@ TEST_P(acl_binary_test, BinaryObjectsAndFunctionQueries) {
   EXPECT_TRUE(add_done(b));
   ASSERT_EQ(aclrtBinaryUnLoad(bin), ACL_SUCCESS);
   EXPECT_EQ(aclrtFunctionGetBinary(f, &owner), ACL_ERROR_RT_INVALID_HANDLE);
+}
+
+TEST_P(acl_binary_test, GlobalsOfTheKernelsCode) {
+  aclrtBinHandle bin = nullptr;
+  ASSERT_EQ(aclrtBinaryLoadFromFile(kernel_file("test_kernels.corabin").c_str(), nullptr, &bin), ACL_SUCCESS);
+  void* counter = nullptr;
+  size_t size = 0;
+  ASSERT_EQ(aclrtBinaryGetGlobal(bin, "cora_test_counter", &counter, &size), ACL_SUCCESS) << aclGetRecentErrMsg();
+  ASSERT_NE(counter, nullptr);
+  EXPECT_EQ(size, sizeof(uint32_t));
+  uint32_t v = 0;
+  ASSERT_EQ(aclrtMemcpy(&v, 4, counter, 4, ACL_MEMCPY_DEFAULT), ACL_SUCCESS) << aclGetRecentErrMsg();
+  EXPECT_EQ(v, 7u);  // its initializer
+  v = 100;
+  ASSERT_EQ(aclrtMemcpy(counter, 4, &v, 4, ACL_MEMCPY_DEFAULT), ACL_SUCCESS) << aclGetRecentErrMsg();
+  uint32_t n = 5;
+  void* args[] = {&n};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(function(bin, "bump_global"), 1, nullptr, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(nullptr), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpy(&v, 4, counter, 4, ACL_MEMCPY_DEFAULT), ACL_SUCCESS);
+  EXPECT_EQ(v, 105u);  // the kernel saw the host's write, the host sees the kernel's
+  EXPECT_EQ(aclrtBinaryGetGlobal(bin, nullptr, &counter, &size), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtBinaryGetGlobal(bin, "cora_test_counter", nullptr, &size), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtBinaryGetGlobal(bin, "bump_global", &counter, &size), ACL_ERROR_RT_PARAM_INVALID);  // a kernel, not a global
+  ASSERT_EQ(aclrtBinaryUnLoad(bin), ACL_SUCCESS);
+  EXPECT_EQ(aclrtBinaryGetGlobal(bin, "cora_test_counter", &counter, &size), ACL_ERROR_RT_INVALID_HANDLE);
 }
 
 TEST_P(acl_binary_test, RefusedFunctionsSayWhy) {

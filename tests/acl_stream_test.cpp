@@ -18,6 +18,24 @@ class acl_stream_test : public acl_test {
     EXPECT_EQ(aclrtMemset(f, 4, 0, 4), ACL_SUCCESS);
     return f;
   }
+  // A zeroed 64-bit word for aclrtValueWait/Write: device memory on the CPU device, pinned host
+  // memory on CUDA, whose stream memory operations do not take cora's pool memory.
+  void* value_word() {
+    void* p = nullptr;
+    if (cuda()) {
+      EXPECT_EQ(aclrtMallocHost(&p, 8), ACL_SUCCESS) << aclGetRecentErrMsg();
+      if (p) __atomic_store_n(static_cast<uint64_t*>(p), uint64_t{0}, __ATOMIC_RELEASE);
+    } else {
+      p = dmalloc(8);
+      EXPECT_EQ(aclrtMemset(p, 8, 0, 8), ACL_SUCCESS);
+    }
+    return p;
+  }
+  // The word's value once the tasks that wrote it have completed.
+  uint64_t read_word(const void* p) {
+    if (cuda()) return __atomic_load_n(static_cast<const uint64_t*>(p), __ATOMIC_ACQUIRE);
+    return download<uint64_t>(p, 1)[0];
+  }
 };
 CORA_ACL_SUITE(acl_stream_test);
 
@@ -110,8 +128,6 @@ TEST_P(acl_stream_test, FailureModeAndAttributes) {
   ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
   EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_CONTINUE_ON_FAILURE), ACL_SUCCESS);
   EXPECT_EQ(aclrtSetStreamFailureMode(s, 7), ACL_ERROR_INVALID_PARAM);  // no such mode
-  EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
-  EXPECT_NE(std::string(aclGetRecentErrMsg()).find("STOP_ON_FAILURE"), std::string::npos);
   int stale = 0;
   EXPECT_EQ(aclrtSetStreamFailureMode(&stale, ACL_CONTINUE_ON_FAILURE), ACL_ERROR_RT_INVALID_HANDLE);
   aclrtStreamAttrValue v{};
@@ -124,6 +140,67 @@ TEST_P(acl_stream_test, FailureModeAndAttributes) {
   EXPECT_EQ(aclrtSetStreamAttribute(s, static_cast<aclrtStreamAttr>(7), &v), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtGetStreamAttribute(s, static_cast<aclrtStreamAttr>(0), &v), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(aclrtGetStreamAttribute(s, ACL_STREAM_ATTR_PRIORITY, nullptr), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, StopOnFailureLeavesLaterTasksUnrun) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  if (GetParam() == backend::cuda) {
+    EXPECT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_NE(std::string(aclGetRecentErrMsg()).find("STOP_ON_FAILURE"), std::string::npos);
+    EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+    return;
+  }
+  ASSERT_EQ(aclrtSetStreamFailureMode(s, ACL_STOP_ON_FAILURE), ACL_SUCCESS) << aclGetRecentErrMsg();
+  aclrtStreamAttrValue v{};
+  ASSERT_EQ(aclrtGetStreamAttribute(s, ACL_STREAM_ATTR_FAILURE_MODE, &v), ACL_SUCCESS);
+  EXPECT_EQ(v.failureMode, ACL_STOP_ON_FAILURE);
+  void* out = dmalloc(64);
+  void* mark = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(mark, 8, 0, 8), ACL_SUCCESS);
+  void* args[] = {&out};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 5, 0, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 0u);  // the task behind the failed one did not run
+  ASSERT_EQ(aclrtValueWrite(mark, 6, 0, s), ACL_SUCCESS);  // reported: the stream runs again
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 6u);
+  // Back to CONTINUE: the task behind a failure runs.
+  v.failureMode = ACL_CONTINUE_ON_FAILURE;
+  ASSERT_EQ(aclrtSetStreamAttribute(s, ACL_STREAM_ATTR_FAILURE_MODE, &v), ACL_SUCCESS);
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(kernel("trap"), 1, s, nullptr, args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 7, 0, s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_ERROR_RT_AICORE_EXCEPTION);
+  EXPECT_EQ(download<uint64_t>(mark, 1)[0], 7u);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, AbortDiscardsQueuedTasks) {
+  void* word = value_word();
+  void* mark = value_word();
+  aclrtStream s = nullptr, other = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&other), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 1, 1 /* EQ */, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(mark, 5, 0, s), ACL_SUCCESS);
+  if (cuda()) {
+    EXPECT_EQ(aclrtStreamAbort(s), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_NE(aclGetRecentErrMsg(), nullptr);
+    ASSERT_EQ(aclrtValueWrite(word, 1, 0, other), ACL_SUCCESS);
+  } else {
+    ASSERT_EQ(aclrtStreamAbort(s), ACL_SUCCESS) << aclGetRecentErrMsg();
+    EXPECT_EQ(read_word(mark), 0u);  // the queued task was discarded
+    EXPECT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);  // the abort is not reported as a failure
+    ASSERT_EQ(aclrtValueWrite(mark, 6, 0, s), ACL_SUCCESS);  // the stream takes new work
+    ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+    EXPECT_EQ(read_word(mark), 6u);
+  }
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  int not_a_stream = 0;
+  EXPECT_EQ(aclrtStreamAbort(&not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtDestroyStream(other), ACL_SUCCESS);
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 
@@ -184,6 +261,62 @@ TEST_P(acl_stream_test, ValueWriteAndWaitWithTimeout) {
   EXPECT_EQ(download<uint32_t>(flag, 1)[0], 1u);
   EXPECT_EQ(aclrtDestroyEvent(ev), ACL_SUCCESS);
   EXPECT_EQ(aclrtDestroyStream(other), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+TEST_P(acl_stream_test, ValueWaitHoldsTheStreamUntilAValueWriteOfAnother) {
+  void* word = value_word();
+  void* flag = value_word();
+  aclrtStream s = nullptr, writer = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtCreateStream(&writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 2, 0 /* GEQ */, s), ACL_SUCCESS) << aclGetRecentErrMsg();
+  ASSERT_EQ(aclrtValueWrite(flag, 1, 0, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(word, 1, 0, writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(writer), ACL_SUCCESS);
+  aclrtStreamStatus status = ACL_STREAM_STATUS_RESERVED;
+  ASSERT_EQ(aclrtStreamQuery(s, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_STREAM_STATUS_NOT_READY);  // 1 < 2: still waiting
+  EXPECT_EQ(read_word(flag), 0u);
+  ASSERT_EQ(aclrtValueWrite(word, 2, 0, writer), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(read_word(flag), 1u);
+
+  // EQ, AND, NOR on a word that satisfies them (it holds 2).
+  ASSERT_EQ(aclrtValueWait(word, 2, 1, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 3, 2, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWait(word, 1, 3, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+
+  EXPECT_EQ(aclrtValueWait(nullptr, 0, 0, s), ACL_ERROR_INVALID_PARAM);
+  EXPECT_EQ(aclrtValueWait(word, 0, 4, s), ACL_ERROR_INVALID_PARAM);
+  uint64_t pageable = 0;
+  EXPECT_EQ(aclrtValueWait(&pageable, 0, 0, s), ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_EQ(aclrtValueWait(static_cast<char*>(word) + 4, 0, 0, s), ACL_ERROR_RT_PARAM_INVALID);
+  int not_a_stream = 0;
+  EXPECT_EQ(aclrtValueWait(word, 0, 0, &not_a_stream), ACL_ERROR_RT_INVALID_HANDLE);
+  EXPECT_EQ(aclrtDestroyStream(writer), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
+}
+
+// aclrtMalloc's memory comes from a stream-ordered pool on CUDA, which the driver's stream memory
+// operations refuse: a wait fails at once with a message that names aclrtMallocHost, and the
+// stream goes on; a write lands (a stream-ordered copy). The CPU device takes both.
+TEST_P(acl_stream_test, ValueWriteAndWaitOnDeviceMemory) {
+  void* word = dmalloc(8);
+  ASSERT_EQ(aclrtMemset(word, 8, 0, 8), ACL_SUCCESS);
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtValueWrite(word, (uint64_t{1} << 33) | 4, 0, s), ACL_SUCCESS) << aclGetRecentErrMsg();
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(download<uint64_t>(word, 1)[0], (uint64_t{1} << 33) | 4);
+  if (cuda()) {
+    EXPECT_EQ(aclrtValueWait(word, 4, 2 /* AND */, s), ACL_ERROR_RT_PARAM_INVALID);
+    EXPECT_NE(std::string(aclGetRecentErrMsg()).find("aclrtMallocHost"), std::string::npos) << aclGetRecentErrMsg();
+  } else {
+    ASSERT_EQ(aclrtValueWait(word, 4, 2 /* AND */, s), ACL_SUCCESS) << aclGetRecentErrMsg();
+  }
+  EXPECT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);  // a refused task leaves no failure behind
   EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 

@@ -45,6 +45,29 @@ TEST_P(binary_test, LoadsAContainerFromFileAndFindsKernelsByName) {
   EXPECT_NE(b.format().find("corabin"), std::string::npos);
 }
 
+TEST_P(binary_test, GlobalsOfTheDeviceCodeAreFoundByName) {
+  auto b = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  const device_global g = b.global("cora_test_counter");
+  ASSERT_NE(g.address, nullptr);
+  EXPECT_EQ(g.size, sizeof(std::uint32_t));
+  auto s = dev().make_stream();
+  auto h = dev().alloc_host<std::uint32_t>(1);
+  s.copy(h.data(), g.address, 4).wait();
+  EXPECT_EQ(h[0], 7u);  // its initializer
+  h[0] = 40;
+  (void)s.copy(g.address, h.data(), 4);
+  (void)s.launch(b.kernel("bump_global"), {}, std::uint32_t{2});
+  s.copy(h.data(), g.address, 4).wait();
+  EXPECT_EQ(h[0], 42u);
+  EXPECT_CORA_ERROR(b.global("no_such_global"), errc::kernel_not_found);
+  EXPECT_CORA_ERROR(b.global("bump_global"), errc::kernel_not_found);  // a kernel is no global
+  // Refused before the driver is asked (CUDA would answer an empty name as an invalid value).
+  EXPECT_CORA_ERROR(b.global(""), errc::invalid_argument);
+  EXPECT_CORA_ERROR(b.global(std::string_view("cora_test_counter\0x", 19)), errc::invalid_argument);
+  b.unload();
+  EXPECT_CORA_ERROR(b.global("cora_test_counter"), errc::binary_unloaded);
+}
+
 TEST_P(binary_test, LoadsFromMemoryWithoutFiles) {
   auto bytes = read_file(kernel_file("test_kernels.corabin"));
   auto b = dev().load_binary(std::span<const std::byte>(bytes)).wait();

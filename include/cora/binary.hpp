@@ -49,12 +49,22 @@ class kernel {
   std::span<const param_info> params() const noexcept;
   /// Bytes of the canonical argument block (8-byte aligned).
   std::size_t args_size() const noexcept;
+  /// Where the kernel's code lies in the device's address space (the CPU device: its entry
+  /// function in the loaded image); null where the backend exposes none (CUDA) or once the
+  /// binary was unloaded.
+  void* code_address() const noexcept;
 
   explicit operator bool() const noexcept { return static_cast<bool>(s_); }
   const std::shared_ptr<detail::kernel_state>& state() const noexcept { return s_; }
 
  private:
   std::shared_ptr<detail::kernel_state> s_;
+};
+
+/// A global variable of a binary's device code: where it lives and its size.
+struct device_global {
+  void* address = nullptr;  ///< in the device's address space (see binary::global)
+  std::size_t size = 0;     ///< bytes
 };
 
 /// A kernel binary loaded on one device. Copies share it. Launches in flight keep its code
@@ -71,6 +81,13 @@ class binary {
   /// The kernel with entry key `key`. @throws cora::error (errc::kernel_not_found...).
   cora::kernel kernel_by_entry(std::uint64_t key) const;
   cora::kernel kernel_by_entry(std::uint64_t key, std::error_code& ec) const;
+  /// The global variable `name` (defined with CORA_GLOBAL): on a GPU its device memory, on
+  /// the CPU device the loaded image's own data (host memory, where the kernels see it). Copies
+  /// read and write it; it lives while the binary is loaded. Loads a lazily loaded binary.
+  /// @throws cora::error (errc::kernel_not_found, errc::binary_unloaded, errc::invalid_argument
+  ///         for an empty name).
+  device_global global(std::string_view name) const;
+  device_global global(std::string_view name, std::error_code& ec) const;
   /// Names of every kernel in the binary.
   std::vector<std::string> kernel_names() const;
   /// The format that was loaded ("cpu-elf", "cuda-fatbin", "corabin/cpu-elf"...).

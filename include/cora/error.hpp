@@ -35,6 +35,7 @@ enum class errc {
   timed_out,              ///< a wait ran past its timeout
   copy_fault,             ///< a copy or fill failed on the device (bad address, DMA error)
   illegal_in_capture,     ///< an op not allowed while its stream captures a graph (the capture is abandoned)
+  aborted,                ///< an op discarded by stream::abort() before it ran
 };
 
 /// The category of cora::errc; name() is "cora".

@@ -37,6 +37,12 @@
 #define CORA_KERNEL(name) extern "C" __global__ void name
 /// Marks a helper function callable from kernels.
 #define CORA_DEVICE __device__ inline
+/// Defines a global variable of the device code, `type name = init` (a constant initializer),
+/// that the host finds with binary::global("name") (CANN's aclrtBinaryGetGlobal).
+#define CORA_GLOBAL(type, name, init) \
+  extern "C" {                        \
+  __device__ type name = init;        \
+  }
 /// Registration is done by the CPU build only.
 #define CORA_REGISTER_KERNEL(name)
 #define CORA_REGISTER_KERNEL_FORM(name, form)
@@ -173,6 +179,16 @@ __device__ inline std::uint64_t clock_ns() {
 
 #define CORA_KERNEL(name) [[maybe_unused]] static void name
 #define CORA_DEVICE inline
+/// Defines a global variable of the device code, `type name = init` (a constant initializer),
+/// that the host finds with binary::global("name") (CANN's aclrtBinaryGetGlobal).
+/// Its size goes beside it (cora_global_size_<name>): the symbol's own size may include
+/// padding that a sanitizer adds around globals.
+#define CORA_GLOBAL(type, name, init)                                                       \
+  extern "C" {                                                                              \
+  __attribute__((visibility("default"))) type name = init;                                  \
+  __attribute__((visibility("default"))) extern const unsigned long long cora_global_size_##name = \
+      sizeof(type);                                                                         \
+  }
 /// Declares `type* name`: `count` elements of memory shared by the threads of a block
 /// (`count` a constant; at most 48 KiB a block; uninitialized). Put it at the top of the body.
 #define CORA_SHARED(type, name, count) \

@@ -43,6 +43,15 @@ struct stream_options {
   int priority = 0;
 };
 
+/// How stream::wait_value compares the word in memory with its operand (the conditions of
+/// CUDA's cuStreamWaitValue and CANN's aclrtValueWait, same values).
+enum class wait_condition : std::uint8_t {
+  geq = 0,          ///< (signed)(*addr - value) >= 0: a cyclic "at least", for counters
+  eq = 1,           ///< *addr == value
+  and_nonzero = 2,  ///< (*addr & value) != 0
+  nor_nonzero = 3,  ///< ~(*addr | value) != 0
+};
+
 /// Options of stream::read_file.
 struct read_options {
   /// Bytes per staging buffer (rounded up to 4 KiB for O_DIRECT; at most 512 MiB).
@@ -172,6 +181,24 @@ class stream {
   pending<void> record(event& ev);
   /// Later work on this stream waits until `ev`'s recorded work has completed.
   pending<void> wait(const event& ev);
+  /// Later work on this stream waits until the word at `addr` satisfies `cond` against `value`,
+  /// however it gets there: written by another stream (write_value, a copy, a kernel) or by
+  /// the host. `addr` lies in device memory of this device or in pinned host memory, aligned
+  /// to the word's size (errc::invalid_pointer otherwise). On CUDA only pinned host memory
+  /// (alloc_host) serves: the driver's stream memory operations do not take the pool memory of
+  /// alloc (errc::invalid_pointer, at once); a 64-bit word or the NOR condition on a device
+  /// without them is errc::not_supported. The wait has no deadline; it ends with
+  /// errc::runtime_shut_down when the runtime shuts down (on a GPU the stream itself stays
+  /// blocked until the word holds). Cannot be captured.
+  pending<void> wait_value(const std::uint32_t* addr, std::uint32_t value,
+                           wait_condition cond = wait_condition::geq);
+  pending<void> wait_value(const std::uint64_t* addr, std::uint64_t value,
+                           wait_condition cond = wait_condition::geq);
+  /// Writes `value` at `addr` (memory as for wait_value) in stream order, in one store that a
+  /// wait_value observes whole. On CUDA a word in alloc's memory, which no wait_value there can
+  /// watch, is written by a stream-ordered copy. Cannot be captured.
+  pending<void> write_value(std::uint32_t* addr, std::uint32_t value);
+  pending<void> write_value(std::uint64_t* addr, std::uint64_t value);
   /// Runs `fn` on a device thread once earlier work has completed; later work waits for it.
   /// `fn` must not wait for its own stream: such a wait (or its device's synchronize().wait())
   /// fails at once with std::errc::resource_deadlock_would_occur.
@@ -181,6 +208,25 @@ class stream {
   /// call `.wait()` on it (a bare `s.synchronize();` waits for nothing and does not compile
   /// cleanly: pending is [[nodiscard]]).
   pending<void> synchronize();
+
+  // --- failure mode ---------------------------------------------------------------------------
+
+  /// With `stop`, once an op of this stream fails, the ops behind it that have not started are
+  /// not run: they fail with that failure (so do their waiters), until synchronize() reports
+  /// it; work enqueued after that runs again. Without (the default), they run, and the failure
+  /// still surfaces at the next wait. Ops of other streams are unaffected.
+  /// @throws cora::error (errc::not_supported where the backend cannot hold back work it has
+  ///         already handed to the device: CUDA).
+  void stop_on_failure(bool stop);
+  void stop_on_failure(bool stop, std::error_code& ec);
+
+  /// Discards the work enqueued so far that has not started: those ops complete, failed with
+  /// errc::aborted (as does a wait_value in progress), and the failure surfaces at the next
+  /// synchronize(); an op already running (a launch, a copy) finishes. Does not block.
+  /// @throws cora::error (errc::not_supported where the backend cannot recall work it has
+  ///         handed to the device: CUDA).
+  void abort();
+  void abort(std::error_code& ec);
 
   // --- graphs -------------------------------------------------------------------------------
 
@@ -272,6 +318,8 @@ class stream {
   pending<void> launch_typed(const kernel& k, const launch_config& cfg,
                              std::span<const detail::arg_view> args);
   static pending<graph> capture_result(graph g, std::error_code ec);
+  pending<void> value_op(void* addr, std::uint64_t value, wait_condition cond, bool wide,
+                         bool write);
   void abandon_capture() noexcept;
 
   detail::stream_state* st() const noexcept;

@@ -421,7 +421,14 @@ aclError aclrtBinaryGetGlobal(aclrtBinHandle binHandle, const char* name, void**
     CORA_ACL_REQUIRE(name && dptr && size, "name, dptr or size is NULL");
     std::shared_ptr<binary_obj> b;
     if (aclError e = lookup_binary(api, binHandle, b)) return e;
-    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "device globals of a binary are not supported");
+    // A global of the kernels' code (CORA_GLOBAL): device memory on a GPU (cuModuleGetGlobal),
+    // the loaded image's own data on the CPU device, where its kernels see it.
+    std::error_code ec;
+    const cora::device_global g = b->bin.global(name, ec);
+    if (ec) return fail(ec, api, cora::last_error_message());
+    *dptr = g.address;
+    *size = g.size;
+    return ACL_SUCCESS;
   });
 }
 
@@ -460,7 +467,15 @@ aclError aclrtGetFunctionAddr(aclrtFuncHandle funcHandle, void** aicAddr, void**
     CORA_ACL_REQUIRE(aicAddr && aivAddr, "aicAddr or aivAddr is NULL");
     std::shared_ptr<function_obj> fn;
     if (aclError e = resolve_function(api, funcHandle, false, fn)) return e;
-    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api, "kernel entry addresses are not exposed by cora");
+    // Every cora kernel is of one kind (AI Core, see aclrtGetFunctionAttribute): its code is
+    // the AIC address; there is no vector-core part.
+    void* code = fn->k.code_address();
+    if (!code)
+      return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
+                  "this device exposes no kernel code addresses (a GPU kernel is a driver handle)");
+    *aicAddr = code;
+    *aivAddr = nullptr;
+    return ACL_SUCCESS;
   });
 }
 

@@ -229,10 +229,6 @@ aclError aclrtMemUceRepair(int32_t deviceId, aclrtMemUceInfo* memUceInfoArray, s
   return refuse(__func__, "Ascend error repair is not available");
 }
 
-aclError aclrtStreamAbort(aclrtStream stream) {
-  return refuse(__func__, "cora's streams cannot discard or pause queued work");
-}
-
 aclError aclrtGetFunctionSize(aclrtFuncHandle funcHandle, size_t* aicSize, size_t* aivSize) {
   return refuse(__func__, "kernel code sizes are not exposed");
 }
@@ -267,10 +263,6 @@ aclError aclmdlRIKernelTaskGetAttribute(aclmdlRITask task, aclrtLaunchKernelAttr
 
 aclError aclmdlRITaskDisable(aclmdlRITask task) {
   return refuse(__func__, "model dumps belong to CANN's graph engine");
-}
-
-aclError aclrtValueWait(void* devAddr, uint64_t value, uint32_t flag, aclrtStream stream) {
-  return refuse(__func__, "stream waits on a memory value are not implemented in cora's core");
 }
 
 aclError aclrtCreateNotify(aclrtNotify* notify, uint64_t flag) {
@@ -654,7 +646,7 @@ aclError aclrtGetOpExecuteTimeout(uint32_t* const timeoutMs) {
 }
 
 aclError aclrtStreamStop(aclrtStream stream) {
-  return refuse(__func__, "cora's streams cannot discard or pause queued work");
+  return refuse(__func__, "cora's streams cannot be paused (aclrtStreamAbort discards queued work instead)");
 }
 
 aclError aclrtTaskUpdateAsync(aclrtStream taskStream, uint32_t taskId, aclrtTaskUpdateInfo* info, aclrtStream execStream) {

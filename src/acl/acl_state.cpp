@@ -107,6 +107,7 @@ aclError to_acl(std::error_code ec) noexcept {
       case errc::timed_out: return ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
       case errc::copy_fault: return ACL_ERROR_RT_COPY_DATA;
       case errc::illegal_in_capture: return ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED;
+      case errc::aborted: return ACL_ERROR_RT_STREAM_ABORT;
     }
     return ACL_ERROR_RT_INTERNAL_ERROR;
   }

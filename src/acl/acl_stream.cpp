@@ -281,11 +281,13 @@ aclError aclrtSetStreamFailureMode(aclrtStream stream, uint64_t mode) {
                      "mode must be ACL_CONTINUE_ON_FAILURE or ACL_STOP_ON_FAILURE");
     std::shared_ptr<stream_obj> s;
     if (aclError e = resolve_stream(api, stream, s)) return e;
-    // cora runs the tasks behind a failed one (its fault is reported at the next
-    // synchronization): CANN's CONTINUE mode. Stopping needs a stream that discards queued work.
-    if (mode == ACL_STOP_ON_FAILURE)
+    // The core's failure mode: with STOP, tasks behind a failed one are not run and report
+    // the failure at the next synchronization, which also ends the stop (docs/acl-compat.md).
+    std::error_code ec;
+    s->s.stop_on_failure(mode == ACL_STOP_ON_FAILURE, ec);
+    if (ec)
       return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
-                  "ACL_STOP_ON_FAILURE is not supported: tasks behind a failed one still run");
+                  "ACL_STOP_ON_FAILURE is not supported on this device: " + cora::last_error_message());
     s->failure_mode = mode;
     return ACL_SUCCESS;
   });
@@ -411,7 +413,43 @@ aclError aclrtValueWrite(void* devAddr, uint64_t value, uint32_t flag, aclrtStre
     CORA_ACL_REQUIRE(flag == 0, "flag is reserved and must be 0");
     std::shared_ptr<stream_obj> s;
     if (aclError e = resolve_stream(api, stream, s)) return e;
-    auto p = s->s.copy(devAddr, &value, sizeof(value));  // a host source is read before the call returns
+    // One 64-bit store in stream order, which an aclrtValueWait of another stream sees whole.
+    auto p = s->s.write_value(static_cast<std::uint64_t*>(devAddr), value);
+    return check_enqueued(api, p);
+  });
+}
+
+aclError aclrtStreamAbort(aclrtStream stream) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    std::shared_ptr<stream_obj> s;
+    if (aclError e = resolve_stream(api, stream, s)) return e;
+    std::error_code ec;
+    s->s.abort(ec);
+    if (ec)
+      return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, api,
+                  "a GPU stream cannot discard work already handed to the driver: " +
+                      cora::last_error_message());
+    // The discarded tasks are gone once the running one has finished; the stream is then
+    // clean for new work (their abort is not reported again). An earlier failure still is.
+    auto p = s->s.synchronize();
+    std::error_code done;
+    p.wait(done);
+    if (done && done != make_error_code(cora::errc::aborted)) return fail(done, api, op_message(p));
+    return ACL_SUCCESS;
+  });
+}
+
+aclError aclrtValueWait(void* devAddr, uint64_t value, uint32_t flag, aclrtStream stream) {
+  const char* const api = __func__;
+  return guarded(api, [&]() -> aclError {
+    CORA_ACL_REQUIRE(devAddr, "devAddr is NULL");
+    // CANN's ACL_VALUE_WAIT_GEQ, _EQ, _AND, _NOR: the values of cora::wait_condition.
+    CORA_ACL_REQUIRE(flag <= 3u, "flag must be 0 (GEQ), 1 (EQ), 2 (AND) or 3 (NOR)");
+    std::shared_ptr<stream_obj> s;
+    if (aclError e = resolve_stream(api, stream, s)) return e;
+    auto p = s->s.wait_value(static_cast<const std::uint64_t*>(devAddr), value,
+                             static_cast<cora::wait_condition>(flag));
     return check_enqueued(api, p);
   });
 }

@@ -74,6 +74,22 @@ class module {
   virtual void* function(std::size_t index, std::error_code& ec, std::string& message) = 0;
   /// The backend's own handle (CUmodule on CUDA; null where there is none).
   virtual void* native_handle() const noexcept { return nullptr; }
+  /// Where the code of the kernel whose handle is `function` (from find) lies in the device's
+  /// address space; null where a handle is no code address (CUDA's CUfunction).
+  virtual void* code_address(void* function) const noexcept {
+    (void)function;
+    return nullptr;
+  }
+  /// The global variable `name` of the image (CORA_GLOBAL): its address in the device's address
+  /// space, and in `size` its size in bytes. errc::kernel_not_found when the image lacks it.
+  virtual void* global(const std::string& name, std::size_t& size, std::error_code& ec,
+                       std::string& message) {
+    (void)name;
+    size = 0;
+    ec = make_error_code(errc::not_supported);
+    message = "this backend cannot look up globals";
+    return nullptr;
+  }
   /// Kernel `name`: its handle, and in `layout` the parameters as the image reports them
   /// (params_known false when it reports none). Resolved at the first call and cached; safe
   /// from several threads at once. errc::kernel_not_found when the image lacks it.
@@ -156,6 +172,14 @@ class graph_exec {
   virtual bool update(std::span<const graph_node_desc> nodes, std::string& message) = 0;
 };
 
+/// What the word of a memory-value op (stream::wait_value, write_value) lies in, as the core
+/// classified it: some devices reach only some kinds with their stream memory operations.
+enum class value_memory {
+  allocation,   // device memory the runtime allocated on this device
+  pinned_host,  // pinned host memory the runtime allocated (alloc_host, its slabs)
+  foreign,      // memory of another allocator that describe_pointer knew (device or host)
+};
+
 /// An in-order queue of device work. Every enqueue carries the core's sequence number of the
 /// op, strictly increasing; ops complete in that order.
 class stream {
@@ -194,6 +218,40 @@ class stream {
   /// Readies a drained stream (every marker reached) for a new cora stream, as if new; false
   /// when it cannot serve again (a fault was recorded, the context is lost...).
   virtual bool recycle() noexcept { return false; }
+
+  /// Later work waits until the `wide` (64-bit, else 32-bit) word at `addr` (device memory or
+  /// pinned host memory, naturally aligned; `where` says which, as the core found it)
+  /// satisfies `condition` against `value`: 0 (signed) (*addr - value) >= 0, 1 *addr == value,
+  /// 2 (*addr & value) != 0, 3 ~(*addr | value) != 0 (cora::wait_condition, CUDA's
+  /// CU_STREAM_WAIT_VALUE_*). Fails with ec, enqueuing nothing, for memory or a condition the
+  /// device cannot watch.
+  virtual void wait_value(std::uint64_t seq, const void* addr, value_memory where,
+                          std::uint64_t value, unsigned condition, bool wide, std::error_code& ec,
+                          std::string& message) {
+    (void)seq, (void)addr, (void)where, (void)value, (void)condition, (void)wide;
+    ec = make_error_code(errc::not_supported);
+    message = "this backend cannot wait for a memory value";
+  }
+  /// Writes the `wide` (64-bit, else 32-bit) word `value` at `addr` (as wait_value) as op `seq`,
+  /// in one store that a wait_value of another stream observes whole.
+  virtual void write_value(std::uint64_t seq, void* addr, value_memory where, std::uint64_t value,
+                           bool wide, std::error_code& ec, std::string& message) {
+    (void)seq, (void)addr, (void)where, (void)value, (void)wide;
+    ec = make_error_code(errc::not_supported);
+    message = "this backend cannot write a memory value";
+  }
+
+  /// Failure mode. With `stop`, once an op of this stream fails, the ops behind it that have
+  /// not started are not run: each fails with the first failure's status, until resume().
+  /// Returns false, leaving the mode as it was, where the backend cannot hold back work it has
+  /// already handed over.
+  virtual bool stop_on_failure(bool stop) noexcept { return !stop; }
+  /// Ends the halt after a failure (the core calls it once synchronize has reported it).
+  virtual void resume() noexcept {}
+  /// Discards the ops not started yet: they complete, failed with errc::aborted (a memory-value
+  /// wait in progress too); other running ops finish. False, doing nothing, where the backend
+  /// cannot recall work it has handed over.
+  virtual bool abort() noexcept { return false; }
 
   /// Enqueues one launch of an instantiated graph of this stream's device as op `seq`.
   virtual void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,

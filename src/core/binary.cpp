@@ -476,6 +476,13 @@ std::span<const param_info> kernel::params() const noexcept {
 
 std::size_t kernel::args_size() const noexcept { return s_ ? s_->args_size : 0; }
 
+void* kernel::code_address() const noexcept {
+  if (!s_) return nullptr;
+  std::lock_guard lock(s_->binary->mutex);
+  if (s_->binary->unloaded.load(std::memory_order_relaxed) || !s_->binary->module) return nullptr;
+  return s_->binary->module->code_address(s_->function);
+}
+
 // ---------------------------------------------------------------------------------------------
 // binary
 
@@ -493,6 +500,41 @@ cora::kernel binary::kernel(std::string_view name, std::error_code& ec) const {
   detail::set_error(ec, errc::kernel_not_found,
                     "no kernel named '" + std::string(name) + "' in the binary");
   return {};
+}
+
+device_global binary::global(std::string_view name, std::error_code& ec) const {
+  if (!s_) {
+    detail::set_error(ec, errc::invalid_handle, "empty binary handle");
+    return {};
+  }
+  if (s_->unloaded.load(std::memory_order_acquire)) {
+    detail::set_error(ec, errc::binary_unloaded, "the binary was unloaded");
+    return {};
+  }
+  if (name.empty() || name.find('\0') != std::string_view::npos) {
+    detail::set_error(ec, errc::invalid_argument, "a global's name must be non-empty, without NUL characters");
+    return {};
+  }
+  std::string message;
+  auto module = s_->ensure_loaded(ec, message);
+  if (ec) {
+    if (!message.empty()) detail::set_error(ec, ec, std::move(message));
+    return {};
+  }
+  device_global g;
+  g.address = module->global(std::string(name), g.size, ec, message);
+  if (ec) {
+    detail::set_error(ec, ec, std::move(message));
+    return {};
+  }
+  return g;
+}
+
+device_global binary::global(std::string_view name) const {
+  std::error_code ec;
+  auto g = global(name, ec);
+  detail::throw_if(ec);
+  return g;
 }
 
 cora::kernel binary::kernel(std::string_view name) const {

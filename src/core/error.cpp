@@ -38,6 +38,7 @@ class category final : public std::error_category {
       case errc::timed_out: return "timed out";
       case errc::copy_fault: return "copy fault";
       case errc::illegal_in_capture: return "not allowed while the stream is capturing";
+      case errc::aborted: return "discarded by an abort of its stream";
     }
     return "unknown cora error";
   }

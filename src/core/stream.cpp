@@ -511,6 +511,94 @@ pending<void> stream::wait(const event& ev) {
       keep));
 }
 
+pending<void> stream::wait_value(const std::uint32_t* addr, std::uint32_t value, wait_condition cond) {
+  return value_op(const_cast<std::uint32_t*>(addr), value, cond, false, false);
+}
+
+pending<void> stream::wait_value(const std::uint64_t* addr, std::uint64_t value, wait_condition cond) {
+  return value_op(const_cast<std::uint64_t*>(addr), value, cond, true, false);
+}
+
+pending<void> stream::write_value(std::uint32_t* addr, std::uint32_t value) {
+  return value_op(addr, value, wait_condition::geq, false, true);
+}
+
+pending<void> stream::write_value(std::uint64_t* addr, std::uint64_t value) {
+  return value_op(addr, value, wait_condition::geq, true, true);
+}
+
+pending<void> stream::value_op(void* addr, std::uint64_t value, wait_condition cond, bool wide,
+                               bool write) {
+  const char* const what = write ? "stream.write_value()" : "stream.wait_value()";
+  if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
+  const auto c = static_cast<unsigned>(cond);
+  if (c > static_cast<unsigned>(wait_condition::nor_nonzero))
+    return fail(errc::invalid_argument, "not a wait_condition: " + std::to_string(c), st());
+  const std::size_t size = wide ? 8 : 4;
+  if (!addr) return fail(errc::invalid_pointer, std::string(what) + ": the address is null", st());
+  if (reinterpret_cast<std::uintptr_t>(addr) % size != 0)
+    return fail(errc::invalid_pointer,
+                std::string(what) + ": the address is not aligned to " + std::to_string(size) + " bytes",
+                st());
+  std::error_code ec;
+  detail::alloc_ref ref;
+  const memory_region r = st()->device->classify(addr, size, ec, &ref);
+  if (ec) return fail(ec, st());
+  // The device reads or writes the word itself: it must be memory the device reaches.
+  if ((r.k == memory_region::kind::device && r.device != st()->device.get()) ||
+      r.k == memory_region::kind::pageable_host)
+    return fail(errc::invalid_pointer,
+                std::string(what) + ": the word must be in this device's memory or in pinned host memory",
+                st());
+  if (st()->capturing.load(std::memory_order_acquire)) return detail::capture_illegal(*st(), what);
+  // The backend may reach only some kinds of memory with its stream memory operations (CUDA's
+  // refuse pool memory): it is told which kind the word is in.
+  const backend::value_memory where = !r.record ? backend::value_memory::foreign
+                                      : r.k == memory_region::kind::device
+                                          ? backend::value_memory::allocation
+                                          : backend::value_memory::pinned_host;
+  detail::op_keep keep;
+  keep.add(std::move(ref));
+  return pending<void>(st()->enqueue(
+      [&](std::uint64_t seq, std::error_code& e, std::string& m) {
+        if (write)
+          st()->backend->write_value(seq, addr, where, value, wide, e, m);
+        else
+          st()->backend->wait_value(seq, addr, where, value, c, wide, e, m);
+        if (e && !m.empty()) m = std::string(what) + ": " + m;
+      },
+      std::move(keep)));
+}
+
+void stream::stop_on_failure(bool stop) {
+  std::error_code ec;
+  stop_on_failure(stop, ec);
+  detail::throw_if(ec);
+}
+
+void stream::stop_on_failure(bool stop, std::error_code& ec) {
+  ec.clear();
+  if (!s_) return detail::set_error(ec, errc::invalid_handle, "empty stream handle");
+  if (!st()->backend->stop_on_failure(stop))
+    detail::set_error(ec, errc::not_supported,
+                      "this device cannot hold back work it has handed to its driver: ops behind a "
+                      "failed one run (on a GPU, a kernel fault stops the whole context anyway)");
+}
+
+void stream::abort() {
+  std::error_code ec;
+  abort(ec);
+  detail::throw_if(ec);
+}
+
+void stream::abort(std::error_code& ec) {
+  ec.clear();
+  if (!s_) return detail::set_error(ec, errc::invalid_handle, "empty stream handle");
+  if (!st()->backend->abort())
+    detail::set_error(ec, errc::not_supported,
+                      "this device cannot recall work it has handed to its driver");
+}
+
 pending<void> stream::host_func(std::function<void()> fn) {
   if (!s_) return fail(errc::invalid_handle, "empty stream handle", nullptr);
   if (!fn) return fail(errc::invalid_argument, "empty host function", st());

@@ -170,6 +170,7 @@ std::error_code stream_state::result_locked(std::uint64_t seq, bool sync) noexce
   if (sync) {
     error_seq_.store(~std::uint64_t{0}, std::memory_order_release);
     error_.clear();
+    backend->resume();  // a stream that stops on failure takes work again once it was reported
   }
   return ec;
 }

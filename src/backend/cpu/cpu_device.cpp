@@ -56,6 +56,8 @@ thread_local finish_lists thread_finish_lists;
 constexpr int status_copy_fault = 100;
 // Status of an op that never ran, or was stopped, because the runtime was shut down.
 constexpr int status_shut_down = 101;
+// Status of an op discarded by an abort of its stream before it ran.
+constexpr int status_aborted = 102;
 
 // The abort flag is read by running kernels while the device sets it: atomically, though the
 // kernel ABI shows it as a plain volatile word.
@@ -76,12 +78,31 @@ bool aborted(const op* o) noexcept {
          (o->parent && __atomic_load_n(&o->parent->abort, __ATOMIC_RELAXED) != 0);
 }
 
+// Whether a value wait's condition holds now (conditions as backend::stream::wait_value).
+bool value_met(const op* o) noexcept {
+  const bool wide = o->bytes == 8;
+  const std::uint64_t v =
+      wide ? __atomic_load_n(reinterpret_cast<const std::uint64_t*>(o->src), __ATOMIC_ACQUIRE)
+           : __atomic_load_n(reinterpret_cast<const std::uint32_t*>(o->src), __ATOMIC_ACQUIRE);
+  const std::uint64_t mask = wide ? ~std::uint64_t{0} : 0xffffffffu;
+  const std::uint64_t want = o->compare & mask;
+  switch (o->value) {
+    case 0:  // cyclic "at least": the difference, as a signed word, is not negative
+      return wide ? static_cast<std::int64_t>(v - want) >= 0
+                  : static_cast<std::int32_t>(static_cast<std::uint32_t>(v - want)) >= 0;
+    case 1: return v == want;
+    case 2: return (v & want) != 0;
+    default: return (~(v | want) & mask) != 0;
+  }
+}
+
 std::error_code status_code(int status) {
   switch (status) {
     case CORA_CPU_TIMEOUT: return make_error_code(errc::kernel_timeout);
     case CORA_CPU_ABORTED: return make_error_code(errc::device_lost);
     case status_copy_fault: return make_error_code(errc::copy_fault);
     case status_shut_down: return make_error_code(errc::runtime_shut_down);
+    case status_aborted: return make_error_code(errc::aborted);
     default: return make_error_code(errc::kernel_fault);
   }
 }
@@ -168,6 +189,7 @@ void op::reset() noexcept {
   bytes = 0;
   chunk = 0;
   value = 0;
+  compare = 0;
   entry = nullptr;
   // A launch's argument block is small: kept. A large one (a pageable copy's snapshot) is freed.
   if (args.capacity() > recycled_args_capacity)
@@ -368,6 +390,11 @@ void cpu_stream::finished(op* o, std::vector<op*>& ready) {
     fault_ = {o->seq, status_code(status), o->message};
     fault_seq_.store(o->seq, std::memory_order_relaxed);
   }
+  if (status != CORA_CPU_OK && halt_seq_ == ~std::uint64_t{0} &&
+      stop_on_failure_.load(std::memory_order_relaxed)) {
+    halt_seq_ = o->seq;
+    halt_status_ = status;
+  }
   completed_.store(o->seq, std::memory_order_release);
   if (blocked_) cv_.notify_all();
   for (auto it = dependents_.begin(); it != dependents_.end();) {
@@ -525,6 +552,31 @@ void cpu_stream::wait(std::uint64_t seq, event& ev) {
   push(o);
 }
 
+void cpu_stream::wait_value(std::uint64_t seq, const void* addr, value_memory, std::uint64_t value,
+                            unsigned condition, bool wide, std::error_code& ec, std::string&) {
+  auto* o = device_.ops().take();
+  o->k = op::kind::value_wait;
+  o->seq = seq;
+  o->src = static_cast<const std::byte*>(addr);
+  o->bytes = wide ? 8 : 4;
+  o->value = static_cast<std::uint8_t>(condition);
+  o->compare = value;
+  ec.clear();
+  push(o);
+}
+
+void cpu_stream::write_value(std::uint64_t seq, void* addr, value_memory, std::uint64_t value,
+                             bool wide, std::error_code& ec, std::string&) {
+  auto* o = device_.ops().take();
+  o->k = op::kind::value_write;
+  o->seq = seq;
+  o->dst = static_cast<std::byte*>(addr);
+  o->bytes = wide ? 8 : 4;
+  o->compare = value;
+  ec.clear();
+  push(o);
+}
+
 marker cpu_stream::record_marker(std::uint64_t seq) {
   device_.count_marker();
   return {seq, nullptr};
@@ -544,6 +596,46 @@ bool cpu_stream::wait_marker(const marker& m, clock::time_point deadline) {
   });
   --blocked_;
   return done;
+}
+
+bool cpu_stream::halted(int& status, std::uint64_t& seq) noexcept {
+  if (!stop_on_failure_.load(std::memory_order_acquire)) return false;
+  std::lock_guard lock(mutex_);
+  if (halt_seq_ == ~std::uint64_t{0}) return false;
+  seq = halt_seq_;
+  status = halt_status_;
+  return true;
+}
+
+// Marks `o` discarded by an abort (unless it already failed).
+static void mark_aborted(op* o) noexcept {
+  int expected = CORA_CPU_OK;
+  if (o->status.compare_exchange_strong(expected, status_aborted, std::memory_order_acq_rel)) {
+    try {
+      o->message = "discarded by an abort of its stream before it ran";
+    } catch (...) {
+    }
+  }
+}
+
+bool cpu_stream::abort() noexcept {
+  op* waiting = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    // Queued ops keep their place and complete in order, each skipped when its turn comes.
+    queue_.for_each([](op* o) { mark_aborted(o); });
+    if (running_ && running_->k == op::kind::value_wait) {
+      waiting = running_;
+      mark_aborted(waiting);  // also ends it if the watcher has not taken it yet
+    }
+  }
+  if (waiting) device_.cancel_value_wait(waiting);
+  return true;
+}
+
+void cpu_stream::resume() noexcept {
+  std::lock_guard lock(mutex_);
+  halt_seq_ = ~std::uint64_t{0};
 }
 
 fault cpu_stream::take_fault() {
@@ -662,7 +754,7 @@ std::unique_ptr<module> cpu_device::load(std::span<const std::byte> image, image
     message = "the CPU device runs only CPU kernel images";
     return nullptr;
   }
-  return cpu_module::load(image, ec, message);
+  return cpu_module::load(image, ec, message, globals_);
 }
 
 void cpu_device::add_stream(cpu_stream* s) {
@@ -695,6 +787,96 @@ void cpu_device::shutdown() noexcept {
     mark_shut_down(o);
     if (o->pieces.fetch_sub(1, std::memory_order_acq_rel) == 1) finish(o);
   }
+  // Value waits end too: their condition may never hold.
+  std::vector<op*> waits;
+  {
+    std::lock_guard lock(value_mutex_);
+    value_stop_ = true;
+    waits.swap(value_waits_);
+  }
+  value_cv_.notify_all();
+  for (op* o : waits) abandon(o);
+  if (value_thread_.joinable() && value_thread_.get_id() != std::this_thread::get_id())
+    value_thread_.join();
+}
+
+void cpu_device::watch_value(op* o) {
+  if (o->status.load(std::memory_order_acquire) == status_aborted) {  // its stream was aborted
+    finish(o);
+    return;
+  }
+  {
+    std::lock_guard lock(value_mutex_);
+    if (!value_stop_) {
+      try {
+        if (!value_thread_.joinable()) value_thread_ = std::thread([this] { watch_values(); });
+        value_waits_.push_back(o);
+        o = nullptr;
+      } catch (const std::exception& e) {
+        o->status.store(CORA_CPU_EXCEPTION, std::memory_order_release);
+        o->message = std::string("cannot watch the value: ") + e.what();
+      }
+    } else {
+      mark_shut_down(o);
+    }
+  }
+  if (o) {
+    finish(o);
+    return;
+  }
+  value_cv_.notify_one();
+}
+
+bool cpu_device::cancel_value_wait(op* o) noexcept {
+  {
+    std::lock_guard lock(value_mutex_);
+    auto it = std::find(value_waits_.begin(), value_waits_.end(), o);
+    if (it == value_waits_.end()) return false;  // done already, or being finished
+    value_waits_.erase(it);
+  }
+  mark_aborted(o);
+  finish(o);
+  return true;
+}
+
+void cpu_device::watch_values() noexcept {
+  // Polled, as a GPU's front end polls the word: the pause doubles from 1 us up to 500 us while
+  // nothing changes, and starts again at 1 us when a wait ends or a new one comes.
+  constexpr auto first_pause = std::chrono::microseconds(1);
+  constexpr auto longest_pause = std::chrono::microseconds(500);
+  auto pause = first_pause;
+  std::vector<op*> done;
+  std::unique_lock lock(value_mutex_);
+  while (!value_stop_) {
+    const bool gone = lost();
+    std::size_t kept = 0;
+    for (op* o : value_waits_) {
+      if (gone || value_met(o) || o->status.load(std::memory_order_acquire) == status_aborted)
+        done.push_back(o);  // on a lost device, finished() fails it
+      else
+        value_waits_[kept++] = o;
+    }
+    value_waits_.resize(kept);
+    if (!done.empty()) {
+      lock.unlock();
+      for (op* o : done) finish(o);
+      done.clear();
+      lock.lock();
+      pause = first_pause;
+      continue;
+    }
+    if (value_waits_.empty()) {
+      value_cv_.wait(lock, [&] { return value_stop_ || !value_waits_.empty(); });
+      pause = first_pause;
+      continue;
+    }
+    const std::size_t before = value_waits_.size();
+    value_cv_.wait_for(lock, pause);
+    if (value_waits_.size() != before)
+      pause = first_pause;
+    else
+      pause = std::min<std::chrono::microseconds>(pause * 2, longest_pause);
+  }
 }
 
 void cpu_device::abandon(op* o) noexcept {
@@ -702,9 +884,30 @@ void cpu_device::abandon(op* o) noexcept {
   finish(o);
 }
 
+bool cpu_device::skip_halted(op* o) noexcept {
+  int status = 0;
+  std::uint64_t failed = 0;
+  // A graph's child ops belong to their graph launch, which was started (or skipped) whole.
+  if (o->status.load(std::memory_order_acquire) == status_aborted) return true;
+  if (o->parent || !o->stream || !o->stream->halted(status, failed)) return false;
+  int expected = CORA_CPU_OK;
+  if (o->status.compare_exchange_strong(expected, status, std::memory_order_acq_rel)) {
+    try {
+      o->message = "not run: op " + std::to_string(failed) +
+                   " of the stream failed first and the stream stops on failure";
+    } catch (...) {
+    }
+  }
+  return true;
+}
+
 void cpu_device::start(op* o) {
   if (stopped()) {
     abandon(o);
+    return;
+  }
+  if (skip_halted(o)) {
+    finish(o);
     return;
   }
   switch (o->k) {
@@ -741,7 +944,14 @@ void cpu_device::start(op* o) {
     }
     case op::kind::host_func:
     case op::kind::record:
+    case op::kind::value_write:
       if (!pool_.submit(o, 1)) abandon(o);
+      return;
+    case op::kind::value_wait:
+      if (value_met(o))
+        finish(o);
+      else
+        watch_value(o);
       return;
     case op::kind::graph:
       if (op* child = next_graph_op(o))
@@ -809,8 +1019,16 @@ void cpu_device::execute(op* o, unsigned worker) {
     case op::kind::record:
       o->ev->stamp_ns.store(now_ns(), std::memory_order_release);
       return;
+    case op::kind::value_write:
+      if (o->bytes == 8)
+        __atomic_store_n(reinterpret_cast<std::uint64_t*>(o->dst), o->compare, __ATOMIC_RELEASE);
+      else
+        __atomic_store_n(reinterpret_cast<std::uint32_t*>(o->dst),
+                         static_cast<std::uint32_t>(o->compare), __ATOMIC_RELEASE);
+      return;
     case op::kind::wait:
     case op::kind::graph:
+    case op::kind::value_wait:
       return;
   }
 }
@@ -923,6 +1141,8 @@ void cpu_device::finish(op* first) {
     for (op* r : ready) {
       if (stopped()) {  // shut down: what was waiting behind this op never runs
         mark_shut_down(r);
+        todo.push_back(r);
+      } else if (skip_halted(r)) {  // its stream failed and stops on failure
         todo.push_back(r);
       } else if (r->k == op::kind::wait &&
           (!r->wait_stream || r->wait_stream == r->stream ||

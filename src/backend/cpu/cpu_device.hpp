@@ -15,6 +15,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/cpu/cpu_memory.hpp"
+#include "backend/cpu/cpu_module.hpp"
 #include "cora/detail/cpu_kernel_abi.h"
 
 namespace cora::backend::cpu {
@@ -54,7 +55,7 @@ struct cpu_event final : event {
 
 /// One unit of stream work. Launches and large copies run as several pieces on the pool.
 struct op {
-  enum class kind : std::uint8_t { copy, fill, launch, host_func, record, wait, graph };
+  enum class kind : std::uint8_t { copy, fill, launch, host_func, record, wait, graph, value_wait, value_write };
   /// A fault injected into this op when it was enqueued (see fault_injection).
   enum class injected : std::uint8_t { none, copy_fault, trap, stuck };
   kind k = kind::copy;
@@ -66,7 +67,8 @@ struct op {
   const std::byte* src = nullptr;
   std::size_t bytes = 0;
   std::size_t chunk = 0;
-  std::uint8_t value = 0;
+  std::uint8_t value = 0;     // a fill's byte; a value wait's condition
+  std::uint64_t compare = 0;  // a value wait's operand, a value write's value
 
   cora_cpu_entry_fn entry = nullptr;
   std::vector<std::byte> args;      // launch argument block, or a snapshot of a pageable source
@@ -206,12 +208,25 @@ class cpu_stream final : public stream {
   void wait(std::uint64_t seq, event& ev) override;
   void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
                     std::string& message) override;
+  void wait_value(std::uint64_t seq, const void* addr, value_memory where, std::uint64_t value,
+                  unsigned condition, bool wide, std::error_code& ec, std::string& message) override;
+  void write_value(std::uint64_t seq, void* addr, value_memory where, std::uint64_t value,
+                   bool wide, std::error_code& ec, std::string& message) override;
 
   marker record_marker(std::uint64_t seq) override;
   marker_state query(const marker& m) override;
   bool wait_marker(const marker& m, clock::time_point deadline) override;
   void release_marker(const marker&) noexcept override {}
   fault take_fault() override;
+  bool stop_on_failure(bool stop) noexcept override {
+    stop_on_failure_.store(stop, std::memory_order_release);
+    return true;
+  }
+  void resume() noexcept override;
+  bool abort() noexcept override;
+  /// True when ops that have not started must not run: the stream stops on failure and an op
+  /// failed since the last resume(). Then `status` is that failure's and `seq` its op.
+  bool halted(int& status, std::uint64_t& seq) noexcept;
 
   std::uint64_t completed() const noexcept { return completed_.load(std::memory_order_acquire); }
 
@@ -233,6 +248,11 @@ class cpu_stream final : public stream {
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> fault_seq_{~std::uint64_t{0}};
   fault fault_;
+  std::atomic<bool> stop_on_failure_{false};
+  // The failed op that halts the stream (stop on failure) and its status, until resume();
+  // kept apart from fault_, which the core takes as soon as it sees the failure.
+  std::uint64_t halt_seq_ = ~std::uint64_t{0};  // guarded by mutex_
+  int halt_status_ = 0;
   std::vector<std::pair<std::uint64_t, op*>> dependents_;
 };
 
@@ -258,6 +278,12 @@ class cpu_device final : public device {
   bool accepts(image_kind kind) const override { return kind == image_kind::cpu_elf; }
   std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
                                std::error_code& ec, std::string& message) override;
+  /// The globals of loaded images that were looked up are device memory (see global_ranges).
+  foreign_memory describe_pointer(const void* p) noexcept override {
+    const auto [base, size] = globals_->find(p);
+    if (!size) return {};
+    return {foreign_memory::kind::device, base, size};
+  }
   std::unique_ptr<graph_exec> instantiate(std::span<const graph_node_desc> nodes,
                                           std::error_code& ec, std::string& message) override;
   std::uint64_t markers_recorded() const override {
@@ -296,6 +322,18 @@ class cpu_device final : public device {
   void execute(op* o, unsigned worker);
   void run_slice(op* o, std::uint32_t slice);
   void run_injected(op* o);
+  /// Fails `o` without running it when its stream stops on failure and has failed, or when it
+  /// was discarded by an abort; true then.
+  bool skip_halted(op* o) noexcept;
+ public:
+  /// Ends the value wait `o` of an aborted stream if the watcher still holds it; true then.
+  bool cancel_value_wait(op* o) noexcept;
+ private:
+  /// Hands a value wait whose condition does not hold yet to the value watcher.
+  void watch_value(op* o);
+  /// The value watcher's thread: polls the waiting ops with a growing pause, finishes those
+  /// whose condition holds (or whose device was lost), until the device shuts down.
+  void watch_values() noexcept;
 
   device_info info_;
   device_memory memory_;
@@ -303,8 +341,16 @@ class cpu_device final : public device {
   std::atomic<bool> stopped_{false};
   std::atomic<bool> lost_{false};
   fault_injection faults_;
+  std::shared_ptr<global_ranges> globals_ = std::make_shared<global_ranges>();
   std::mutex streams_mutex_;
   std::set<cpu_stream*> streams_;
+  // Value waits whose condition did not hold when they started, polled by value_thread_
+  // (started at the first such wait), so that no worker is held by a wait.
+  std::mutex value_mutex_;
+  std::condition_variable value_cv_;
+  std::vector<op*> value_waits_;
+  bool value_stop_ = false;
+  std::thread value_thread_;
   op_pool ops_;  // before pool_: workers give ops back until they are joined
   worker_pool pool_;  // last: its threads use the members above
 };

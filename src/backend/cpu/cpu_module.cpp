@@ -2,9 +2,11 @@
 
 #include <dlfcn.h>
 #include <elf.h>
+#include <link.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -31,8 +33,29 @@ bool write_all(int fd, const std::byte* p, std::size_t n) {
 
 }  // namespace
 
+void global_ranges::add(const void* p, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  ranges_[reinterpret_cast<std::uintptr_t>(p)] = size;
+}
+
+void global_ranges::remove(const void* p) noexcept {
+  std::lock_guard lock(mutex_);
+  ranges_.erase(reinterpret_cast<std::uintptr_t>(p));
+}
+
+std::pair<std::uintptr_t, std::size_t> global_ranges::find(const void* p) const noexcept {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard lock(mutex_);
+  auto it = ranges_.upper_bound(a);
+  if (it == ranges_.begin()) return {0, 0};
+  --it;
+  if (a - it->first >= it->second) return {0, 0};
+  return *it;
+}
+
 std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, std::error_code& ec,
-                                             std::string& message) {
+                                             std::string& message,
+                                             std::shared_ptr<global_ranges> globals) {
   // The kernel records were read and checked by the core (against the container's metadata,
   // which its checksum covers); entries are found by name at their first lookup.
   // dlopen needs a file: an anonymous memory file, never a path on disk. The core passes the
@@ -85,12 +108,15 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
   }
   std::unique_ptr<cpu_module> m(new cpu_module);
   m->handle_ = handle;
+  m->globals_ = std::move(globals);
   m->fd_ = fd;
   ec.clear();
   return m;
 }
 
 cpu_module::~cpu_module() {
+  if (globals_)
+    for (const void* p : published_) globals_->remove(p);
   if (handle_) ::dlclose(handle_);
   if (fd_ < 0) return;
   // An image the loader keeps (C++ unique symbols make it undeletable) stays known by its
@@ -109,6 +135,37 @@ void* cpu_module::function(std::size_t index, std::error_code& ec, std::string& 
   ec = make_error_code(errc::kernel_not_found);
   message = "the CPU device finds kernels by name";
   return nullptr;
+}
+
+void* cpu_module::global(const std::string& name, std::size_t& size, std::error_code& ec,
+                         std::string& message) {
+  size = 0;
+  // The image's data lives in the process, where the CPU device's kernels read and write it.
+  void* address = ::dlsym(handle_, name.c_str());
+  Dl_info info{};
+  const ElfW(Sym)* sym = nullptr;
+  if (!address ||
+      ::dladdr1(address, &info, reinterpret_cast<void**>(const_cast<ElfW(Sym)**>(&sym)), RTLD_DL_SYMENT) == 0 ||
+      !sym || ELF64_ST_TYPE(sym->st_info) != STT_OBJECT) {
+    ec = make_error_code(errc::kernel_not_found);
+    message = "no global '" + name + "' in the loaded image (declare it with CORA_GLOBAL)";
+    return nullptr;
+  }
+  size = static_cast<std::size_t>(sym->st_size);
+  // CORA_GLOBAL records the variable's size beside it; the symbol's size may include padding
+  // that a sanitizer adds.
+  if (const auto* recorded =
+          static_cast<const unsigned long long*>(::dlsym(handle_, ("cora_global_size_" + name).c_str())))
+    size = static_cast<std::size_t>(*recorded);
+  if (globals_ && size) {
+    std::lock_guard lock(published_mutex_);
+    if (std::find(published_.begin(), published_.end(), address) == published_.end()) {
+      published_.push_back(address);
+      globals_->add(address, size);
+    }
+  }
+  ec.clear();
+  return address;
 }
 
 void* cpu_module::find(const std::string& name, kernel_desc& layout, std::error_code& ec,

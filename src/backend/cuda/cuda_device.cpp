@@ -69,6 +69,10 @@ cuda_device::cuda_device(std::shared_ptr<context> ctx, device_info info, launch_
   const auto& api = ctx_->api;
   current_context cur(*ctx_);
   if (!cur) return;
+  memops_.wide = attribute(api, ctx_->device, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) != 0;
+  memops_.nor = attribute(api, ctx_->device, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR) != 0;
+  memops_.host_pointer =
+      attribute(api, ctx_->device, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM) != 0;
   if (attribute(api, ctx_->device, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) == 0) return;
   CUmemPoolProps props{};
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -78,6 +78,16 @@ class cuda_device final : public device {
   /// "CUDA device 0 (NVIDIA H200)", for messages.
   const std::string& label() const noexcept { return label_; }
   void count_marker() noexcept { markers_.fetch_add(1, std::memory_order_relaxed); }
+  /// Whether device memory comes from cora's stream-ordered pool, which the driver's stream
+  /// memory operations (cuStreamWaitValue/WriteValue) do not accept.
+  bool pooled() const noexcept { return pool_ != nullptr; }
+  /// What the device's stream memory operations support (device attributes, read once).
+  struct memop_support {
+    bool wide = false;          // 64-bit waits and writes (CAN_USE_64_BIT_STREAM_MEM_OPS)
+    bool nor = false;           // CU_STREAM_WAIT_VALUE_NOR (CAN_USE_STREAM_WAIT_VALUE_NOR)
+    bool host_pointer = false;  // host pointers of pinned memory work as device pointers
+  };
+  const memop_support& memops() const noexcept { return memops_; }
 
  private:
   std::error_code fail(CUresult r) noexcept;
@@ -109,6 +119,7 @@ class cuda_device final : public device {
   marker_mode mode_;
   std::string label_;
   std::atomic<std::uint64_t> markers_{0};
+  memop_support memops_;
 };
 
 }  // namespace cora::backend::cuda

@@ -57,6 +57,9 @@ namespace cora::backend::cuda {
   X(cuStreamSynchronize, 2000)         \
   X(cuStreamWaitEvent, 3020)           \
   X(cuStreamWriteValue32, 11070)       \
+  X(cuStreamWriteValue64, 11070)       \
+  X(cuStreamWaitValue32, 11070)        \
+  X(cuStreamWaitValue64, 11070)        \
   X(cuLaunchHostFunc, 10000)           \
   X(cuEventCreate, 2000)               \
   X(cuEventDestroy, 4000)              \
@@ -66,6 +69,7 @@ namespace cora::backend::cuda {
   X(cuModuleLoadDataEx, 2010)          \
   X(cuModuleUnload, 2000)              \
   X(cuModuleGetFunction, 2000)         \
+  X(cuModuleGetGlobal, 3020)           \
   X(cuFuncGetAttribute, 2020)          \
   X(cuFuncSetAttribute, 9000)          \
   X(cuLaunchKernel, 4000)              \

@@ -255,6 +255,33 @@ void* cuda_module::find(const std::string& name, kernel_desc& layout, std::error
   return fn;
 }
 
+void* cuda_module::global(const std::string& name, std::size_t& size, std::error_code& ec,
+                          std::string& message) {
+  size = 0;
+  current_context cur(*ctx_);
+  if (!cur) {
+    fail(cur.result, "cannot make its context current: ", ec, message);
+    return nullptr;
+  }
+  CUdeviceptr address = 0;
+  std::size_t bytes = 0;
+  const CUresult r = ctx_->api.cuModuleGetGlobal(&address, &bytes, module_, name.c_str());
+  // The driver answers a name the image lacks with CUDA_ERROR_NOT_FOUND or, as the H200's
+  // driver 580 does, CUDA_ERROR_INVALID_VALUE (the other arguments are valid here).
+  if (r == CUDA_ERROR_NOT_FOUND || (r == CUDA_ERROR_INVALID_VALUE && !name.empty())) {
+    ec = make_error_code(errc::kernel_not_found);
+    message = "no global '" + name + "' in the loaded image (declare it with CORA_GLOBAL)";
+    return nullptr;
+  }
+  if (r != CUDA_SUCCESS) {
+    fail(r, "cannot find global '" + name + "': ", ec, message);
+    return nullptr;
+  }
+  ec.clear();
+  size = bytes;
+  return reinterpret_cast<void*>(address);
+}
+
 cuda_module::~cuda_module() {
   if (!module_) return;
   // Fails harmlessly when the context was lost or the driver is shutting down.

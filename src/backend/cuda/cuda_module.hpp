@@ -45,6 +45,8 @@ class cuda_module final : public module {
   void* native_handle() const noexcept override { return module_; }
   void* find(const std::string& name, kernel_desc& layout, std::error_code& ec,
              std::string& message) override;
+  void* global(const std::string& name, std::size_t& size, std::error_code& ec,
+               std::string& message) override;
 
  private:
   explicit cuda_module(std::shared_ptr<context> ctx) noexcept : ctx_(std::move(ctx)) {}

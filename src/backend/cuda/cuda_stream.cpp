@@ -309,6 +309,162 @@ void cuda_stream::wait(std::uint64_t seq, event& ev) {
   if (r != CUDA_SUCCESS) failed(seq, r, "cuStreamWaitEvent");
 }
 
+// A memory operation the driver refused outright (an address it cannot reach, NOR on a device
+// without it) fails the op at once; any other failure is the stream's fault.
+static bool refused_memop(CUresult r) noexcept {
+  return r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static constexpr const char* use_pinned =
+    "; on CUDA, put the word of a value wait in pinned host memory (device::alloc_host, aclrtMallocHost)";
+
+// How the device reaches a value op's word.
+enum class word_access {
+  memop,      // through the driver's stream memory operations, at `out`
+  copy_only,  // by copies only (pool or managed memory): ec and message say why
+  refused,    // not at all: ec and message say why
+};
+
+// Classifies a value op's word. The driver documents its stream memory operations for memory
+// from cuMemAlloc and for mapped or registered host memory; it refuses memory from a
+// stream-ordered pool (cora's own pool, cuMemAllocAsync) with a bare CUDA_ERROR_INVALID_VALUE,
+// and managed memory outright. Copies reach both.
+static word_access value_address(const context& ctx, const cuda_device& dev, const void* addr,
+                                 value_memory where, CUdeviceptr& out, std::error_code& ec,
+                                 std::string& message) {
+  out = reinterpret_cast<CUdeviceptr>(addr);
+  bool host = where == value_memory::pinned_host;
+  if (where == value_memory::allocation && dev.pooled()) {
+    ec = make_error_code(errc::invalid_pointer);
+    message = std::string("the word lies in device memory from cora's stream-ordered pool, which "
+                          "CUDA's stream memory operations (cuStreamWaitValue, cuStreamWriteValue) "
+                          "do not accept") + use_pinned;
+    return word_access::copy_only;
+  }
+  if (where == value_memory::foreign) {
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                   CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
+    unsigned int type = 0;
+    unsigned int managed = 0;  // CUDA writes a bool-sized value; zeroed so either width reads right
+    CUmemoryPool pool = nullptr;
+    void* data[] = {&type, &managed, &pool};
+    if (ctx.api.cuPointerGetAttributes(3, attrs, data, out) == CUDA_SUCCESS) {
+      if (managed & 0xff) {
+        ec = make_error_code(errc::invalid_pointer);
+        message = std::string("the word lies in managed memory, which CUDA's stream memory "
+                              "operations do not accept") + use_pinned;
+        return word_access::copy_only;
+      }
+      if (pool) {
+        ec = make_error_code(errc::invalid_pointer);
+        message = std::string("the word lies in device memory from a stream-ordered pool "
+                              "(cuMemAllocAsync), which CUDA's stream memory operations do not "
+                              "accept") + use_pinned;
+        return word_access::copy_only;
+      }
+      host = type == CU_MEMORYTYPE_HOST;
+    }
+  }
+  if (host) {
+    // The driver's device address of mapped host memory; where the device uses host pointers
+    // as they are, the host pointer serves too.
+    CUdeviceptr d = 0;
+    if (ctx.api.cuMemHostGetDevicePointer(&d, const_cast<void*>(addr), 0) == CUDA_SUCCESS) {
+      out = d;
+    } else if (!dev.memops().host_pointer) {
+      ec = make_error_code(errc::invalid_pointer);
+      message = "the word lies in host memory that is not mapped into the device's address space "
+                "(cuMemHostGetDevicePointer refused it)";
+      return word_access::refused;
+    }
+  }
+  return word_access::memop;
+}
+
+// Refuses, up front, what the device's stream memory operations lack (device attributes).
+static bool value_op_supported(const cuda_device& dev, bool wide, unsigned condition,
+                               std::error_code& ec, std::string& message) {
+  if (wide && !dev.memops().wide) {
+    ec = make_error_code(errc::not_supported);
+    message = dev.label() + " has no 64-bit stream memory operations "
+              "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0)";
+    return false;
+  }
+  if (condition == CU_STREAM_WAIT_VALUE_NOR && !dev.memops().nor) {
+    ec = make_error_code(errc::not_supported);
+    message = dev.label() + " cannot wait for a NOR condition "
+              "(CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR is 0)";
+    return false;
+  }
+  return true;
+}
+
+void cuda_stream::wait_value(std::uint64_t seq, const void* addr, value_memory where,
+                             std::uint64_t value, unsigned condition, bool wide,
+                             std::error_code& ec, std::string& message) {
+  ec.clear();
+  if (!usable(seq)) return;
+  current_context cur(*ctx_);
+  CUresult r = cur.result;
+  if (cur) {
+    CUdeviceptr ptr = 0;
+    // Only the driver's stream memory operations wait on the device: no fallback.
+    if (value_address(*ctx_, device_, addr, where, ptr, ec, message) != word_access::memop) return;
+    if (!value_op_supported(device_, wide, condition, ec, message)) return;
+    // CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR have the values of cora's conditions.
+    r = wide ? ctx_->api.cuStreamWaitValue64(stream_, ptr, value, condition)
+             : ctx_->api.cuStreamWaitValue32(stream_, ptr, static_cast<cuuint32_t>(value), condition);
+  }
+  if (r == CUDA_SUCCESS) return;
+  const std::string what = wide ? "cuStreamWaitValue64" : "cuStreamWaitValue32";
+  if (refused_memop(r)) {
+    ec = to_error_code(r);
+    message = what + ": " + describe(r);
+    if (r == CUDA_ERROR_INVALID_VALUE) message += use_pinned;
+    return;
+  }
+  failed(seq, r, what);
+}
+
+void cuda_stream::write_value(std::uint64_t seq, void* addr, value_memory where, std::uint64_t value,
+                              bool wide, std::error_code& ec, std::string& message) {
+  ec.clear();
+  if (!usable(seq)) return;
+  current_context cur(*ctx_);
+  CUresult r = cur.result;
+  if (cur) {
+    CUdeviceptr ptr = 0;
+    switch (value_address(*ctx_, device_, addr, where, ptr, ec, message)) {
+      case word_access::refused: return;
+      case word_access::copy_only: {
+        // Memory the stream memory operations refuse (pool, managed) still takes the store as
+        // a stream-ordered copy of the naturally aligned word (what aclrtValueWrite was before
+        // it had the driver's writes); no value wait of CUDA can watch such a word anyway.
+        ec.clear();
+        message.clear();
+        const auto narrow = static_cast<std::uint32_t>(value);
+        copy(seq, addr, wide ? static_cast<const void*>(&value) : static_cast<const void*>(&narrow),
+             wide ? 8 : 4, true);
+        return;
+      }
+      case word_access::memop: break;
+    }
+    if (!value_op_supported(device_, wide, CU_STREAM_WAIT_VALUE_GEQ, ec, message)) return;
+    r = wide ? ctx_->api.cuStreamWriteValue64(stream_, ptr, value, CU_STREAM_WRITE_VALUE_DEFAULT)
+             : ctx_->api.cuStreamWriteValue32(stream_, ptr, static_cast<cuuint32_t>(value),
+                                              CU_STREAM_WRITE_VALUE_DEFAULT);
+  }
+  if (r == CUDA_SUCCESS) return;
+  const std::string what = wide ? "cuStreamWriteValue64" : "cuStreamWriteValue32";
+  if (refused_memop(r)) {
+    ec = to_error_code(r);
+    message = what + ": " + describe(r);
+    if (r == CUDA_ERROR_INVALID_VALUE) message += use_pinned;
+    return;
+  }
+  failed(seq, r, what);
+}
+
 marker cuda_stream::record_marker(std::uint64_t seq) {
   device_.count_marker();
   marker m{seq, nullptr};

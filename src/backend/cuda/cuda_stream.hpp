@@ -47,6 +47,10 @@ class cuda_stream final : public stream {
   void wait(std::uint64_t seq, event& ev) override;
   void launch_graph(std::uint64_t seq, graph_exec& graph, std::error_code& ec,
                     std::string& message) override;  // cuda_graph.cpp
+  void wait_value(std::uint64_t seq, const void* addr, value_memory where, std::uint64_t value,
+                  unsigned condition, bool wide, std::error_code& ec, std::string& message) override;
+  void write_value(std::uint64_t seq, void* addr, value_memory where, std::uint64_t value,
+                   bool wide, std::error_code& ec, std::string& message) override;
 
   marker record_marker(std::uint64_t seq) override;
   marker_state query(const marker& m) override;

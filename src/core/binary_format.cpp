@@ -25,7 +25,8 @@ constexpr char corabin_magic[8] = {'C', 'O', 'R', 'A', 'B', 'I', 'N', '1'};
 // headers and loadable segments, without debug sections) with a checksum of its own, and where
 // a CPU image's kernel records lie, so that a load reads and hashes only what it loads; the
 // word hash has eight lanes, and the metadata's checksum folds the header's with the rest's.
-constexpr std::uint32_t corabin_version = 4;
+// Version 5: the word hash mixes each step and finalizes its lanes (see image_checksum).
+constexpr std::uint32_t corabin_version = 5;
 constexpr std::uint32_t max_images = 16;
 constexpr std::uint32_t max_kernels = 4096;
 constexpr std::size_t max_args_block = 64 * 1024;
@@ -67,11 +68,23 @@ bool in_bounds(std::span<const std::byte> bytes, std::uint64_t offset, std::uint
   return offset <= bytes.size() && size <= bytes.size() - offset;
 }
 
+// Murmur3's 64-bit finalizer: every input bit reaches every output bit.
+constexpr std::uint64_t fmix64(std::uint64_t x) noexcept {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
 // FNV-1a's steps over 64-bit little-endian words in eight independent lanes (so the multiplies
-// overlap: four lanes left them waiting on each other's latency, at two thirds of the speed),
-// folded together with the tail bytes and the length. Each step is a bijection of the lane's
-// state, so any change confined to one word always changes the result. It guards against
-// corruption, not tampering.
+// overlap), each step followed by an xorshift, the lanes finalized and folded with the tail
+// bytes and the length. Each step is a bijection of the lane's state, so any change confined to
+// one word always changes the result. The xorshift is what version 5 added: a multiply carries
+// a change only upward, so flips of a word's top bit stayed in the top bit, and two of them
+// (in any lanes) cancelled: a fuzzed container with two such flips in a CPU image's relocations
+// passed the check and crashed the dynamic loader. It guards against corruption, not tampering.
 std::uint64_t image_checksum(std::span<const std::byte> bytes) noexcept {
   constexpr int lanes = 8;
   constexpr std::uint64_t basis = 0xcbf29ce484222325ull, prime = 0x100000001b3ull;
@@ -83,12 +96,13 @@ std::uint64_t image_checksum(std::span<const std::byte> bytes) noexcept {
     for (int k = 0; k < lanes; ++k) {
       std::uint64_t w;
       std::memcpy(&w, bytes.data() + i + 8 * k, sizeof(w));
-      lane[k] = (lane[k] ^ w) * prime;
+      const std::uint64_t x = (lane[k] ^ w) * prime;
+      lane[k] = x ^ (x >> 32);
     }
   std::uint64_t h = basis;
-  for (std::uint64_t l : lane) h = (h ^ l) * prime;
+  for (std::uint64_t l : lane) h = fmix64(h ^ fmix64(l));
   for (; i < n; ++i) h = (h ^ static_cast<std::uint8_t>(bytes[i])) * prime;
-  return (h ^ n) * prime;
+  return fmix64(h ^ n);
 }
 
 // The checksum of a container's metadata, bytes [0, end): the header's, with its own field

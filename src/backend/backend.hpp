@@ -273,6 +273,7 @@ struct foreign_memory {
   } k = kind::unknown;
   std::uintptr_t base = 0;  // the allocation's bounds when the backend reports them, else 0
   std::size_t size = 0;
+  bool stream_ordered = false;  // from a stream-ordered pool (CUDA: cuMemAllocAsync)
 };
 
 /// Memory held by a backend's own pools.

@@ -177,8 +177,9 @@ void cuda_device::pool_alloc(CUdeviceptr& p, std::size_t bytes, CUresult& r) noe
 void* cuda_device::alloc(std::size_t bytes, std::error_code& ec) {
   CUdeviceptr p = 0;
   CUresult r = CUDA_SUCCESS;
-  const std::size_t cls = pool_ && bytes <= max_cached_block ? size_class(bytes) : bytes;
-  if (pool_ && cls <= max_cached_block) p = take_cached(cls);
+  const bool cached = pool_ && bytes <= max_cached_block;
+  const std::size_t cls = cached ? size_class(bytes) : bytes;
+  if (cached) p = take_cached(cls);
   if (!p) {
     current_context cur(*ctx_);
     r = cur.result;
@@ -288,6 +289,7 @@ foreign_memory cuda_device::describe_pointer(const void* p) noexcept {
     out.base = static_cast<std::uintptr_t>(start);
     out.size = size;
   }
+  out.stream_ordered = from_pool != nullptr;
   return out;
 }
 

@@ -329,7 +329,7 @@ enum class word_access {
 // from cuMemAlloc and for mapped or registered host memory; it refuses memory from a
 // stream-ordered pool (cora's own pool, cuMemAllocAsync) with a bare CUDA_ERROR_INVALID_VALUE,
 // and managed memory outright. Copies reach both.
-static word_access value_address(const context& ctx, const cuda_device& dev, const void* addr,
+static word_access value_address(const context& ctx, cuda_device& dev, const void* addr,
                                  value_memory where, CUdeviceptr& out, std::error_code& ec,
                                  std::string& message) {
   out = reinterpret_cast<CUdeviceptr>(addr);
@@ -342,28 +342,21 @@ static word_access value_address(const context& ctx, const cuda_device& dev, con
     return word_access::copy_only;
   }
   if (where == value_memory::foreign) {
-    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                                   CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE};
-    unsigned int type = 0;
-    unsigned int managed = 0;  // CUDA writes a bool-sized value; zeroed so either width reads right
-    CUmemoryPool pool = nullptr;
-    void* data[] = {&type, &managed, &pool};
-    if (ctx.api.cuPointerGetAttributes(3, attrs, data, out) == CUDA_SUCCESS) {
-      if (managed & 0xff) {
-        ec = make_error_code(errc::invalid_pointer);
-        message = std::string("the word lies in managed memory, which CUDA's stream memory "
-                              "operations do not accept") + use_pinned;
-        return word_access::copy_only;
-      }
-      if (pool) {
-        ec = make_error_code(errc::invalid_pointer);
-        message = std::string("the word lies in device memory from a stream-ordered pool "
-                              "(cuMemAllocAsync), which CUDA's stream memory operations do not "
-                              "accept") + use_pinned;
-        return word_access::copy_only;
-      }
-      host = type == CU_MEMORYTYPE_HOST;
+    const foreign_memory f = dev.describe_pointer(addr);
+    if (f.k == foreign_memory::kind::managed) {
+      ec = make_error_code(errc::invalid_pointer);
+      message = std::string("the word lies in managed memory, which CUDA's stream memory "
+                            "operations do not accept") + use_pinned;
+      return word_access::copy_only;
     }
+    if (f.stream_ordered) {
+      ec = make_error_code(errc::invalid_pointer);
+      message = std::string("the word lies in device memory from a stream-ordered pool "
+                            "(cuMemAllocAsync), which CUDA's stream memory operations do not "
+                            "accept") + use_pinned;
+      return word_access::copy_only;
+    }
+    host = f.k == foreign_memory::kind::host;
   }
   if (host) {
     // The driver's device address of mapped host memory; where the device uses host pointers

@@ -120,6 +120,34 @@ TEST_P(memory_test, NoResourceCallWaitsForAnUnrelatedKernel) {
   EXPECT_EQ(sp.state(), 1u);
 }
 
+// Unloading a module waits for the device's running kernels, and on CUDA it holds other
+// threads' copies and launches meanwhile. A binary dropped while a kernel runs must therefore
+// not be unloaded then: copies made afterwards on another stream complete while the kernel
+// still spins, and the module is unloaded once the device is idle.
+TEST_P(memory_test, ADroppedBinaryIsNotUnloadedWhileAKernelRuns) {
+  auto dropped = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  auto other = dev().make_stream();
+  auto h = dev().alloc_host<std::uint8_t>(4096);
+  auto d = dev().alloc<std::uint8_t>(4096);
+  auto sp = spin();
+  dropped = cora::binary();
+  // Copies over a spread of time: an unload started on another thread meanwhile would hold one.
+  for (int i = 0; i < 200; ++i) {
+    h[0] = static_cast<std::uint8_t>(i);
+    (void)other.copy(d, h);
+    other.copy(h, d).wait();
+    ASSERT_EQ(h[0], static_cast<std::uint8_t>(i));
+  }
+  EXPECT_EQ(sp.state(), 0u) << "a copy waited behind the dropped binary's unload";
+  sp.release();
+  sp.run.wait();
+  // Then it goes: a liveness check (the bound only keeps a broken build from hanging).
+  const auto st = dev().state();
+  for (int i = 0; i < 20'000 && st->unloads_pending() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(st->unloads_pending(), 0u);
+}
+
 // A kernel writes a pattern into B at its end; B is dropped at once. Buffers allocated and
 // filled while the kernel runs must never be B's memory, and the kernel's writes land.
 TEST_P(memory_test, DroppedBufferIsNotReusedWhileAKernelStillWritesIt) {

@@ -303,6 +303,10 @@ class device {
   /// True where creating a stream may wait for the device (the core then keeps a pool of
   /// created streams, filled on its own threads).
   virtual bool pool_streams() const noexcept { return false; }
+  /// True where unloading a module waits for the device's running work and holds other
+  /// threads' driver calls meanwhile (cuModuleUnload): the core then unloads only while its
+  /// streams are idle.
+  virtual bool unload_waits() const noexcept { return false; }
   /// device_lost once the device is lost (pooled streams are then no longer handed out).
   virtual std::error_code health() const noexcept { return {}; }
   /// Describes memory cora did not allocate.

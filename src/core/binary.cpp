@@ -17,10 +17,9 @@ namespace cora {
 
 namespace detail {
 
-binary_state::~binary_state() {
-  // Unloading may wait for the device (cuModuleUnload): done on a cora thread.
-  retire_module(std::move(module));
-}
+// The module's last reference hands it to its device's unload queue (device_state::own_module):
+// unloading may wait for the device, so it never happens on the dropping thread.
+binary_state::~binary_state() = default;
 
 std::shared_ptr<backend::module> binary_state::ensure_loaded(std::error_code& ec,
                                                              std::string& message) {
@@ -36,7 +35,7 @@ std::shared_ptr<backend::module> binary_state::ensure_loaded(std::error_code& ec
     }
     auto m = device->backend->load(image, image_kind, ec, message);
     if (ec) return nullptr;
-    module = std::shared_ptr<backend::module>(std::move(m));
+    module = device->own_module(std::move(m));
     image.clear();
     image.shrink_to_fit();
   }
@@ -230,7 +229,7 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, co
   } else {
     auto m = dev->backend->load(image, st->image_kind, ec, message);
     if (ec) return nullptr;
-    st->module = std::shared_ptr<backend::module>(std::move(m));
+    st->module = dev->own_module(std::move(m));
     // An image without metadata lists its kernels now; otherwise each is resolved at its
     // first lookup.
     if (!have_declared) {
@@ -590,7 +589,7 @@ void binary::unload(std::error_code& ec) {
     }
     last = std::move(s_->module);
   }
-  detail::retire_module(std::move(last));
+  last.reset();  // unloaded on a cora thread once launches in flight let go of it
   ec.clear();
 }
 

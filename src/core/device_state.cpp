@@ -5,6 +5,7 @@
 
 #include <asio/error.hpp>
 #include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
 
 #include "core/host_pool.hpp"
 #include "core/state.hpp"
@@ -97,21 +98,6 @@ bool alloc_table::find(const void* p, memory_region& out, memory_region::kind k,
 void release_allocation(alloc_record* r) noexcept {
   if (r->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   r->owner->free_record(r);
-}
-
-void retire_module(std::shared_ptr<backend::module>&& m) noexcept {
-  if (!m) return;
-  // Another holder (a launch in flight, the binary) drops it later, through here too. A race
-  // between two last holders at worst unloads on one of their threads.
-  if (m.use_count() > 1) {
-    m.reset();
-    return;
-  }
-  try {
-    asio::post(device_wait_pool(), [m = std::move(m)]() mutable { m.reset(); });
-  } catch (...) {
-  }
-  m.reset();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -293,6 +279,14 @@ device_state::~device_state() {
     d.erase(std::remove(d.begin(), d.end(), this), d.end());
   }
   shutdown();
+  {
+    // Modules still queued for their unload go now, before the backend does.
+    std::deque<pending_unload> left;
+    {
+      std::lock_guard lock(unload_mutex_);
+      left.swap(unloads_);
+    }
+  }
   // Nothing refers to the device any more: no handle, stream or op holds pinned memory.
   if (pinned_pool_) {
     std::lock_guard lock(pinned_pool_->mutex);
@@ -667,6 +661,145 @@ void device_state::retire_stream(std::unique_ptr<backend::stream> s, bool reusab
       s.reset();
     });
   } catch (...) {
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// module unloads
+
+std::shared_ptr<backend::module> device_state::own_module(std::unique_ptr<backend::module> m) {
+  std::weak_ptr<device_state> owner = weak_from_this();
+  return std::shared_ptr<backend::module>(m.release(), [owner](backend::module* raw) noexcept {
+    std::unique_ptr<backend::module> last(raw);
+    if (auto dev = owner.lock()) {
+      dev->unload_later(std::move(last));
+      return;
+    }
+    // The device is going (its destructor unloads what it queued): a cora thread still.
+    try {
+      asio::post(device_wait_pool(), [m = std::shared_ptr<backend::module>(std::move(last))]() mutable { m.reset(); });
+    } catch (...) {
+    }
+  });
+}
+
+void device_state::unload_later(std::unique_ptr<backend::module> m) noexcept {
+  if (!m) return;
+  try {
+    if (!backend->unload_waits()) {
+      asio::post(device_wait_pool(), [m = std::shared_ptr<backend::module>(std::move(m))]() mutable { m.reset(); });
+      return;
+    }
+    std::lock_guard lock(unload_mutex_);
+    unloads_.push_back({std::move(m), clock::now()});
+    if (unload_scheduled_) return;
+    unload_scheduled_ = true;
+  } catch (...) {
+    return;  // out of memory: `m`, if still here, unloads on this thread
+  }
+  schedule_unloads(std::chrono::microseconds(0));
+}
+
+std::size_t device_state::unloads_pending() const noexcept {
+  std::lock_guard lock(unload_mutex_);
+  return unloads_.size();
+}
+
+void device_state::schedule_unloads(std::chrono::microseconds delay) noexcept {
+  try {
+    auto timer = std::make_shared<asio::steady_timer>(device_wait_pool().get_executor(), delay);
+    timer->async_wait([self = shared_from_this(), timer](const std::error_code&) { self->drain_unloads(); });
+  } catch (...) {
+    // No timer: unload now, on this cora (or dropping) thread, rather than never.
+    std::deque<pending_unload> all;
+    {
+      std::lock_guard lock(unload_mutex_);
+      all.swap(unloads_);
+      unload_scheduled_ = false;
+    }
+  }
+}
+
+bool device_state::streams_idle() {
+  for (auto& s : streams())
+    if (!s->idle_observed() && !s->query_idle()) return false;
+  return true;
+}
+
+bool device_state::unload_one_while_idle() {
+  // Every stream's submission lock, taken without waiting (a holder may be submitting, or
+  // polling: then this round gives way). Holding them all, and the list's lock so that no new
+  // stream appears, no cora work can start: a device seen idle stays idle for cora's part
+  // while the module unloads. Raw pointers: a listed stream's destructor needs the list's lock
+  // (remove_stream) to finish, and takes its own lock before (so try_lock fails on it).
+  std::lock_guard list(streams_mutex_);
+  std::vector<stream_state*> held;
+  held.reserve(streams_.size());
+  bool idle = true;
+  for (stream_state* s : streams_) {
+    if (!s->enqueue_mutex().try_lock()) {
+      idle = false;
+      break;
+    }
+    held.push_back(s);
+    if (!s->idle_locked()) {
+      idle = false;
+      break;
+    }
+  }
+  if (idle) {
+    std::unique_ptr<backend::module> m;
+    {
+      std::lock_guard lock(unload_mutex_);
+      if (!unloads_.empty()) {
+        m = std::move(unloads_.front().module);
+        unloads_.pop_front();
+      }
+    }
+    m.reset();  // the unload: on an idle device it does not wait for a kernel
+  }
+  for (stream_state* s : held) s->enqueue_mutex().unlock();
+  return idle;
+}
+
+void device_state::drain_unloads() noexcept {
+  // cuModuleUnload waits for every kernel running on the device and holds other threads'
+  // launches and copies while it waits (seen on the H200: a 4 KiB copy behind queued unloads
+  // took a whole kernel's time). So a module unloads only while cora's streams are idle, with
+  // their submission locks held so that no launch starts meanwhile; one module per round, so
+  // a submitter waits for one unload at most. A long or old queue unloads anyway.
+  for (;;) {
+    bool force = false;
+    {
+      std::lock_guard lock(unload_mutex_);
+      if (unloads_.empty()) {
+        unload_scheduled_ = false;
+        return;
+      }
+      force = shut_down.load(std::memory_order_acquire) || unloads_.size() > unload_defer_count ||
+              clock::now() - unloads_.front().since > unload_defer_age;
+    }
+    if (force) {
+      std::unique_ptr<backend::module> m;
+      {
+        std::lock_guard lock(unload_mutex_);
+        if (unloads_.empty()) continue;
+        m = std::move(unloads_.front().module);
+        unloads_.pop_front();
+      }
+      m.reset();
+      continue;
+    }
+    bool done = false;
+    try {
+      // Polled first without the locks: the markers of finished work are observed.
+      done = streams_idle() && unload_one_while_idle();
+    } catch (...) {
+    }
+    if (!done) {
+      schedule_unloads(std::chrono::milliseconds(1));
+      return;
+    }
   }
 }
 

@@ -195,6 +195,17 @@ class device_state : public std::enable_shared_from_this<device_state> {
   /// the keep-alive of the op that will use it).
   memory_region classify(const void* p, std::size_t bytes, std::error_code& ec, alloc_ref* keep) const;
 
+  /// Owns a module the backend just loaded: when its last reference goes (the binary's, or a
+  /// launch's in flight), it is handed to unload_later, never unloaded on the dropping thread.
+  std::shared_ptr<backend::module> own_module(std::unique_ptr<backend::module> m);
+  /// Unloads `m` on a cora thread. Where unloading waits for the device (CUDA's
+  /// cuModuleUnload, which also holds other threads' driver calls while it waits), only once
+  /// this device's streams are idle, with their submission locks held, or when the queue grows
+  /// long or old (unload_defer_count, unload_defer_age).
+  void unload_later(std::unique_ptr<backend::module> m) noexcept;
+  /// Modules waiting for their unload.
+  std::size_t unloads_pending() const noexcept;
+
   /// Fills the stream pool and the first pinned slab on a cora thread (called once the device
   /// is owned by a shared_ptr), so that the first calls find them ready.
   void warm_up() noexcept;
@@ -236,6 +247,24 @@ class device_state : public std::enable_shared_from_this<device_state> {
   std::set<stream_state*> streams_;
   std::mutex hooks_mutex_;
   std::vector<std::function<void()>> shutdown_hooks_;
+
+  // Deferred unloads (unload_later), oldest first; one drain at a time runs on a cora thread.
+  struct pending_unload {
+    std::unique_ptr<backend::module> module;
+    clock::time_point since;
+  };
+  static constexpr std::size_t unload_defer_count = 1024;
+  static constexpr std::chrono::seconds unload_defer_age{30};
+  void schedule_unloads(std::chrono::microseconds delay) noexcept;
+  void drain_unloads() noexcept;
+  /// True if no stream of this device has cora work in flight (polls those that may).
+  bool streams_idle();
+  /// Unloads the oldest queued module if every stream's submission lock is free and every
+  /// stream is idle; false if not.
+  bool unload_one_while_idle();
+  mutable std::mutex unload_mutex_;
+  std::deque<pending_unload> unloads_;
+  bool unload_scheduled_ = false;        // guarded by unload_mutex_
 };
 
 /// Per-stream ring of device and pinned memory for placeholder payloads: each launch's payload
@@ -300,10 +329,6 @@ class fifo_ring {
 
 class binary_state;
 
-/// Drops a reference to a module; the last one unloads it on a cora thread (unloading may wait
-/// for the device).
-void retire_module(std::shared_ptr<backend::module>&& m) noexcept;
-
 /// What an op keeps alive until it completes (DESIGN rule 7): the module and kernel of a launch,
 /// the allocations its pointers lie in, anything else. Holding one costs reference counts only:
 /// the usual op (a module, a kernel, up to four allocations) needs no heap allocation.
@@ -340,7 +365,7 @@ struct op_keep {
   void clear() noexcept {
     any.reset();
     kernel.reset();
-    if (module) retire_module(std::move(module));
+    module.reset();  // the last reference hands it to its device's unload queue
     for (std::size_t i = 0; i < n_refs; ++i) refs[i].reset();
     n_refs = 0;
     more.clear();
@@ -427,6 +452,8 @@ class stream_state final : public completion_source {
   op_handle synchronize_handle();
   /// True if every op enqueued so far has completed, as last observed (no driver call).
   bool idle_observed() noexcept;
+  /// The same, with enqueue_mutex() held by the caller.
+  bool idle_locked() const noexcept { return completed_.load(std::memory_order_acquire) >= last_seq_; }
   /// For a borrowed native stream whose handle is going: records the marker that tells when
   /// the work already enqueued is done, then tells the backend to leave the native stream be.
   void detach_native() noexcept;

@@ -17,9 +17,13 @@
 // Each figure starts with one untimed round (the same calls, the kernel running), so that a
 // first call's one-time costs do not count as a wait.
 // Goal (bench/goals.py, GPU): every cora call <= 50 us at p99 while the kernel runs.
-// Settings: CORA_BENCH_RESOURCE_SAMPLES (samples per figure, default 200), CORA_BENCH_SPIN_US.
+// Settings: CORA_BENCH_RESOURCE_SAMPLES (samples per figure, default 200), CORA_BENCH_SPIN_US,
+// CORA_BENCH_RESOURCE_SLOW_US (print every sample slower than this to stderr, with its index:
+// where a figure's outliers fall; 0, the default, prints none).
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include <cora/cora.hpp>
 
@@ -35,6 +39,8 @@ namespace cb = cora::bench;
 
 int samples() { return static_cast<int>(cb::env_long("CORA_BENCH_RESOURCE_SAMPLES", 200)); }
 std::uint64_t spin_us() { return static_cast<std::uint64_t>(cb::env_long("CORA_BENCH_SPIN_US", 2000)); }
+long slow_us() { return cb::env_long("CORA_BENCH_RESOURCE_SLOW_US", 0); }
+std::string figure;  // the figure being sampled, for the slow-sample lines
 
 /// The busy device: a kernel on a stream of its own, started before each sample.
 struct busy_device {
@@ -75,7 +81,11 @@ void sample(benchmark::State& state, busy_device& busy, Before before, Call call
       busy.start();
       const auto t0 = clk::now();
       call(i);
-      lat.add(clk::now() - t0);
+      const auto took = clk::now() - t0;
+      lat.add(took);
+      if (const long slow = slow_us(); slow > 0 && took > std::chrono::microseconds(slow))
+        std::fprintf(stderr, "slow: %s sample %d: %.1f us\n", figure.c_str(), i,
+                     std::chrono::duration<double, std::micro>(took).count());
       busy.stop();
       after(i);
     }
@@ -88,6 +98,7 @@ constexpr std::size_t host_bytes = std::size_t{64} << 10;
 const auto nothing = [](int) {};
 
 void cora_call(benchmark::State& state, std::size_t index, const std::string& what) {
+  figure = what;
   auto& rt = cb::shared_runtime(cora::completion_policy::hybrid);
   auto& d = rt.device(index);
   const auto& kernels = cb::test_kernels(cora::completion_policy::hybrid, index);
@@ -159,6 +170,7 @@ void cora_call(benchmark::State& state, std::size_t index, const std::string& wh
 
 #if defined(CORA_HAS_CUDA)
 void raw_gpu(benchmark::State& state, std::size_t index, std::size_t ordinal, const std::string& what) {
+  figure = what;
   auto& rt = cb::shared_runtime(cora::completion_policy::hybrid);
   auto& d = rt.device(index);
   busy_device busy(d, cb::test_kernels(cora::completion_policy::hybrid, index));
@@ -220,6 +232,7 @@ void raw_gpu(benchmark::State& state, std::size_t index, std::size_t ordinal, co
 #endif
 
 void raw_cpu(benchmark::State& state, std::size_t index, const std::string& what) {
+  figure = what;
   auto& rt = cb::shared_runtime(cora::completion_policy::hybrid);
   auto& d = rt.device(index);
   busy_device busy(d, cb::test_kernels(cora::completion_policy::hybrid, index));

@@ -3,6 +3,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <asio/error.hpp>
 
@@ -41,36 +48,49 @@ TEST(acl_error_mapping_test, AbortedWaitsAreTaskAborts) {
   EXPECT_EQ(cora::acl::to_acl(std::error_code()), ACL_SUCCESS);
 }
 
-// A thread blocked in aclrtSynchronizeStream while another finalizes gets success (its work
-// finished first) or CANN's task-abort code, never an internal error.
+// A thread blocked in aclrtSynchronizeStream while another finalizes gets CANN's task-abort
+// code (107022), never an internal error. The kernel waits for a flag nobody sets, so the
+// work cannot finish first; the finalize comes once the thread sleeps in the call.
 TEST(acl_error_mapping_test, SynchronizeAbortedByFinalize) {
   ::setenv("CORA_CPU_DEVICES", "1", 1);
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
   ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
   aclrtBinHandle bin = nullptr;
   ASSERT_EQ(aclrtBinaryLoadFromFile(kernel_file("test_kernels.corabin").c_str(), nullptr, &bin), ACL_SUCCESS);
-  aclrtFuncHandle slow = nullptr;
-  ASSERT_EQ(aclrtBinaryGetFunction(bin, "slow", &slow), ACL_SUCCESS);
-  void* flag = nullptr;
-  ASSERT_EQ(aclrtMalloc(&flag, 4, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  aclrtFuncHandle spin = nullptr;
+  ASSERT_EQ(aclrtBinaryGetFunction(bin, "spin_until_set", &spin), ACL_SUCCESS);
+  void* go = nullptr;
+  void* done = nullptr;
+  ASSERT_EQ(aclrtMallocHost(&go, 4), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMallocHost(&done, 4), ACL_SUCCESS);
+  std::memset(go, 0, 4);
+  std::memset(done, 0, 4);
   aclrtStream s = nullptr;
   ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
-  uint64_t us = 200000;
-  void* args[] = {&us, &flag};
-  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(slow, 1, s, nullptr, args), ACL_SUCCESS);
-  std::atomic<int> started{0};
+  uint64_t limit_us = 2'000'000;  // bounds the kernel if the finalize does not abort the wait
+  void* args[] = {&go, &done, &limit_us};
+  ASSERT_EQ(aclrtLaunchKernelWithArgsArray(spin, 1, s, nullptr, args), ACL_SUCCESS);
+  std::atomic<pid_t> tid{0};
   aclError got = -1;
   std::thread t([&] {
-    started = 1;
+    tid = static_cast<pid_t>(::syscall(SYS_gettid));
     got = aclrtSynchronizeStream(s);
   });
-  while (!started) std::this_thread::yield();
+  while (tid == 0) std::this_thread::yield();
+  // Sleeping (state S) in the call: a wait spins briefly before it sleeps.
+  const std::string stat = "/proc/self/task/" + std::to_string(tid.load()) + "/stat";
+  auto sleeping = [&] {
+    std::ifstream f(stat);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');
+    return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'S';
+  };
+  for (int i = 0; i < 100'000 && !sleeping(); ++i) std::this_thread::yield();
+  ASSERT_TRUE(sleeping()) << "the synchronizing thread never slept";
+  ASSERT_EQ(__atomic_load_n(static_cast<std::uint32_t*>(done), __ATOMIC_ACQUIRE), 0u);
   EXPECT_EQ(aclFinalize(), ACL_SUCCESS);
   t.join();
-  EXPECT_TRUE(got == ACL_SUCCESS || got == ACL_ERROR_RT_DEVICE_TASK_ABORT || got == ACL_ERROR_RT_INVALID_HANDLE ||
-              got == ACL_ERROR_UNINITIALIZE)
-      << got;
-  EXPECT_NE(got, ACL_ERROR_RT_INTERNAL_ERROR);
+  EXPECT_EQ(got, ACL_ERROR_RT_DEVICE_TASK_ABORT);
 }
 
 TEST(acl_init_test, FinalizeWithoutInitIsARepeatFinalize) { EXPECT_EQ(aclFinalize(), ACL_ERROR_REPEAT_FINALIZE); }

@@ -2,6 +2,7 @@
 // fills and raw argument blocks (refused at the call, never queued), and sizes that overflow.
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "support/acl_fixture.hpp"
 
@@ -64,6 +65,86 @@ TEST_P(acl_hardening_test, SizesThatOverflowAreRefused) {
   std::size_t n = 0;
   EXPECT_EQ(aclrtKernelArgsGetMemSize(kernel("add_f32"), SIZE_MAX - 8, &n), ACL_ERROR_INVALID_PARAM);
   EXPECT_EQ(n, 0u);
+}
+
+// CANN deprecates aclsysGetCANNVersion but still exports it, so it is checked too.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+aclError cann_version(aclCANNPackageName name, aclCANNPackageVersion* version) {
+  return aclsysGetCANNVersion(name, version);
+}
+#pragma GCC diagnostic pop
+
+// Every enum parameter of the C API is checked against CANN's enum: a value outside it is
+// ACL_ERROR_INVALID_PARAM, whatever the call, and changes nothing.
+TEST_P(acl_hardening_test, EveryEnumParameterRefusesAValueOutsideItsEnum) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&s), ACL_SUCCESS);
+  void* d = dmalloc(64);
+  std::vector<std::uint8_t> h(64, 1);
+  int64_t v64 = 0;
+  int32_t v32 = 0;
+  uint32_t u32 = 0;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  constexpr int bad = 0x7ffe;
+  struct call {
+    const char* what;
+    aclError got;
+  };
+  aclrtStreamAttrValue attr_value{};
+  aclCANNPackageVersion version{};
+  void* dev_ptr = nullptr;
+  void* managed = nullptr;
+  aclrtStreamConfigHandle* config = aclrtCreateStreamConfigHandle();
+  ASSERT_NE(config, nullptr);
+  std::uint32_t option = 0;
+  aclrtLaunchKernelAttr launch_attr{};
+  launch_attr.id = static_cast<aclrtLaunchKernelAttrId>(bad);
+  aclrtLaunchKernelCfg launch_cfg{&launch_attr, 1};
+  aclrtArgsHandle args = nullptr;
+  auto* empty = kernel("empty");
+  ASSERT_EQ(aclrtKernelArgsInit(empty, &args), ACL_SUCCESS);
+  ASSERT_EQ(aclrtKernelArgsFinalize(args), ACL_SUCCESS);
+  const call calls[] = {
+      {"aclrtMalloc policy", aclrtMalloc(&dev_ptr, 64, static_cast<aclrtMemMallocPolicy>(bad))},
+      {"aclrtMemcpy kind", aclrtMemcpy(d, 64, h.data(), 64, static_cast<aclrtMemcpyKind>(bad))},
+      {"aclrtMemcpyAsync kind", aclrtMemcpyAsync(d, 64, h.data(), 64, static_cast<aclrtMemcpyKind>(bad), s)},
+      {"aclrtGetMemInfo attr", aclrtGetMemInfo(static_cast<aclrtMemAttr>(bad), &free_bytes, &total_bytes)},
+      {"aclrtHostRegister type",
+       aclrtHostRegister(h.data(), h.size(), static_cast<aclrtHostRegisterType>(bad), &dev_ptr)},
+      {"aclrtMemAllocManaged flag", aclrtMemAllocManaged(&managed, 64, static_cast<uint32_t>(bad))},
+      {"aclrtGetFunctionAttribute attr",
+       aclrtGetFunctionAttribute(empty, static_cast<aclrtFuncAttribute>(bad), &v64)},
+      {"aclrtLaunchCallback block type",
+       aclrtLaunchCallback([](void*) {}, nullptr, static_cast<aclrtCallbackBlockType>(bad), s)},
+      {"aclrtCtxSetSysParamOpt opt", aclrtCtxSetSysParamOpt(static_cast<aclSysParamOpt>(bad), 0)},
+      {"aclmdlRICaptureBegin mode", aclmdlRICaptureBegin(s, static_cast<aclmdlRICaptureMode>(bad))},
+      {"aclrtLaunchKernelWithConfig attribute id",
+       aclrtLaunchKernelWithConfig(empty, 1, s, &launch_cfg, args, nullptr)},
+      {"aclsysGetCANNVersion name", cann_version(static_cast<aclCANNPackageName>(bad), &version)},
+      {"aclrtGetDeviceInfo attr", aclrtGetDeviceInfo(static_cast<uint32_t>(dev_), static_cast<aclrtDevAttr>(bad), &v64)},
+      {"aclGetDeviceCapability info",
+       aclGetDeviceCapability(static_cast<uint32_t>(dev_), static_cast<aclDeviceInfo>(bad), &v64)},
+      {"aclrtGetDeviceCapability feature",
+       aclrtGetDeviceCapability(dev_, static_cast<aclrtDevFeatureType>(bad), &v32)},
+      {"aclrtGetDeviceResLimit type", aclrtGetDeviceResLimit(dev_, static_cast<aclrtDevResLimitType>(bad), &u32)},
+      {"aclrtSetDeviceResLimit type", aclrtSetDeviceResLimit(dev_, static_cast<aclrtDevResLimitType>(bad), 1)},
+      {"aclGetCannAttribute attr", aclGetCannAttribute(static_cast<aclCannAttr>(bad), &v32)},
+      {"aclrtSetStreamAttribute attr", aclrtSetStreamAttribute(s, static_cast<aclrtStreamAttr>(bad), &attr_value)},
+      {"aclrtGetStreamAttribute attr", aclrtGetStreamAttribute(s, static_cast<aclrtStreamAttr>(bad), &attr_value)},
+      {"aclrtSetStreamConfigOpt attr",
+       aclrtSetStreamConfigOpt(config, static_cast<aclrtStreamConfigAttr>(bad), &option, sizeof(option))},
+  };
+  for (const call& c : calls) EXPECT_EQ(c.got, ACL_ERROR_INVALID_PARAM) << c.what;
+  EXPECT_EQ(aclDataTypeSize(static_cast<aclDataType>(bad)), 0u);
+  // Nothing was made or enqueued: the stream is idle and still works.
+  EXPECT_EQ(managed, nullptr);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtMemcpyAsync(d, 64, h.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE, s), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(s), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStreamConfigHandle(config), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(d), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(s), ACL_SUCCESS);
 }
 
 }  // namespace

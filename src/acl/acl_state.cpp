@@ -474,6 +474,10 @@ std::string op_message(const cora::pending<void>& p) {
 aclError wait(const char* api, cora::pending<void>& p) {
   std::error_code ec;
   p.wait(ec);
+  // The runtime was finalized (or its device reset) while this call waited: CANN reports the
+  // tasks it abandoned as aborted. A call made after the finalize never gets here.
+  if (ec == cora::errc::runtime_shut_down)
+    return fail(ACL_ERROR_RT_DEVICE_TASK_ABORT, ec, api, "the runtime was finalized while this call waited");
   if (ec) return fail(ec, api, op_message(p));
   return ACL_SUCCESS;
 }

@@ -50,11 +50,15 @@ TEST(acl_error_mapping_test, AbortedWaitsAreTaskAborts) {
 
 // A thread blocked in aclrtSynchronizeStream while another finalizes gets CANN's task-abort
 // code (107022), never an internal error. The kernel waits for a flag nobody sets, so the
-// work cannot finish first; the finalize comes once the thread sleeps in the call.
+// work cannot finish first; the finalize comes once the thread sleeps in the call. On the CPU
+// device, whose shutdown stops running kernels (a GPU's kernel runs on, and a wait on it
+// returns with its result).
 TEST(acl_error_mapping_test, SynchronizeAbortedByFinalize) {
   ::setenv("CORA_CPU_DEVICES", "1", 1);
   ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
-  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  const auto cpu = acl_devices_of(backend::cpu);
+  ASSERT_FALSE(cpu.empty());
+  ASSERT_EQ(aclrtSetDevice(cpu.front()), ACL_SUCCESS);
   aclrtBinHandle bin = nullptr;
   ASSERT_EQ(aclrtBinaryLoadFromFile(kernel_file("test_kernels.corabin").c_str(), nullptr, &bin), ACL_SUCCESS);
   aclrtFuncHandle spin = nullptr;

@@ -145,7 +145,7 @@ class cuda_backend_test : public ::testing::Test {
  protected:
   void SetUp() override {
     rt_ = shared_runtime(backend::cuda);
-    if (!rt_) GTEST_SKIP() << "no CUDA device here";
+    if (!rt_) CORA_NO_DEVICE(backend::cuda, shared_runtime_failures()[backend::cuda]);
   }
   cora::device& dev() { return rt_->device(0); }
   cora::binary& cuda_kernels() {
@@ -552,13 +552,13 @@ TEST_F(cuda_backend_test, BlockingPolicyCompletesWaits) { exercise_runtime(compl
 }
 
 TEST(cuda_fault, OutOfBoundsWriteFailsEveryWaiterAndNothingHangs) {
-  if (!shared_runtime(backend::cuda)) GTEST_SKIP() << "no CUDA device here";
+  if (!shared_runtime(backend::cuda)) CORA_NO_DEVICE(backend::cuda, shared_runtime_failures()[backend::cuda]);
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(fault_scenario("counter"), ::testing::ExitedWithCode(0), "fault: .*CUDA_ERROR_ILLEGAL_ADDRESS");
 }
 
 TEST(cuda_fault, OutOfBoundsWriteFailsEveryWaiterWithEventMarkers) {
-  if (!shared_runtime(backend::cuda)) GTEST_SKIP() << "no CUDA device here";
+  if (!shared_runtime(backend::cuda)) CORA_NO_DEVICE(backend::cuda, shared_runtime_failures()[backend::cuda]);
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(fault_scenario("event"), ::testing::ExitedWithCode(0), "fault: .*CUDA_ERROR_ILLEGAL_ADDRESS");
 }

@@ -188,7 +188,8 @@ class gpu_and_cpu_device_test : public ::testing::Test {
       }
     }();
     rt_ = rt.get();
-    if (!rt_ || rt_->device(0).backend() != backend_kind::cuda) GTEST_SKIP() << "no CUDA device here";
+    if (!rt_ || rt_->device(0).backend() != backend_kind::cuda)
+      CORA_NO_DEVICE(backend::cuda, rt_ ? "the runtime lists no CUDA device" : "the runtime did not start");
     gpu_ = &rt_->device(0);
     cpu_ = &rt_->device(rt_->device_count() - 1);
     if (cpu_->backend() != backend_kind::cpu) GTEST_SKIP() << "the runtime has no CPU device";

@@ -33,6 +33,16 @@ inline std::vector<int32_t> acl_devices_of(backend b) {
   return out;
 }
 
+/// What the C API's runtime says of a backend (why it has no device), for test messages.
+inline std::string acl_backend_detail(backend b) {
+  auto& st = cora::acl::state::get();
+  std::lock_guard lock(st.mutex);
+  if (!st.runtime) return "the C API has no runtime";
+  for (const auto& s : st.runtime->backends())
+    if (s.name == (b == backend::cpu ? "cpu" : "cuda")) return s.name + ": " + s.detail;
+  return "no such backend in the runtime";
+}
+
 /// The bytes of a file of the build's kernel directory.
 inline std::vector<char> kernel_bytes(const std::string& name) {
   std::ifstream f(kernel_file(name), std::ios::binary);
@@ -55,7 +65,7 @@ class acl_test : public ::testing::TestWithParam<backend> {
     ::setenv("CORA_CPU_DEVICES", std::to_string(cpu_devices()).c_str(), 1);
     ASSERT_EQ(aclInit(nullptr), ACL_SUCCESS);
     devices_ = acl_devices_of(GetParam());
-    if (devices_.empty()) GTEST_SKIP() << "no " << (GetParam() == backend::cpu ? "CPU" : "CUDA") << " device here";
+    if (devices_.empty()) CORA_NO_DEVICE(GetParam(), acl_backend_detail(GetParam()));
     dev_ = devices_.front();
     ASSERT_EQ(aclrtSetDevice(dev_), ACL_SUCCESS);
   }

@@ -32,6 +32,12 @@ inline std::string backend_name(const ::testing::TestParamInfo<backend>& info) {
   return info.param == backend::cpu ? "cpu" : "cuda";
 }
 
+/// Why the shared runtime of a backend could not be made (empty if it was, or not tried).
+inline std::map<backend, std::string>& shared_runtime_failures() {
+  static std::map<backend, std::string> why;
+  return why;
+}
+
 /// One shared runtime per backend for the whole test program (creating a CUDA context per test
 /// would dominate the run time); null when the backend has no device here.
 inline runtime* shared_runtime(backend b) {
@@ -44,19 +50,37 @@ inline runtime* shared_runtime(backend b) {
     o.backend = b == backend::cpu ? backend_selection::cpu : backend_selection::cuda;
     try {
       runtimes[b] = std::make_unique<runtime>(o);
-    } catch (const error&) {
+    } catch (const error& e) {
+      shared_runtime_failures()[b] = e.what();
     }
   }
   auto it = runtimes.find(b);
   return it == runtimes.end() ? nullptr : it->second.get();
 }
 
+/// True where the machine must have a CUDA device (scripts/gpu-check sets
+/// CORA_TEST_REQUIRE_CUDA=1): there a CUDA instance that finds none fails instead of skipping,
+/// so that a CUDA backend that failed to start cannot pass as skipped.
+inline bool cuda_required() {
+  const char* v = std::getenv("CORA_TEST_REQUIRE_CUDA");
+  return v && std::string(v) == "1";
+}
+
+/// Skips a test of backend `b` that found no device, or fails it where a CUDA device is
+/// required. A macro, because GTEST_SKIP() and FAIL() return from the function they are in.
+#define CORA_NO_DEVICE(b, why)                                                                  \
+  do {                                                                                          \
+    if ((b) == ::cora::test::backend::cuda && ::cora::test::cuda_required())                    \
+      FAIL() << "no CUDA device, but CORA_TEST_REQUIRE_CUDA=1: " << (why);                      \
+    GTEST_SKIP() << "no " << ((b) == ::cora::test::backend::cpu ? "CPU" : "CUDA") << " device here"; \
+  } while (0)
+
 /// Fixture of device suites: a device of the backend under test and the test kernels on it.
 class device_test : public ::testing::TestWithParam<backend> {
  protected:
   void SetUp() override {
     rt_ = shared_runtime(GetParam());
-    if (!rt_) GTEST_SKIP() << "no " << (GetParam() == backend::cpu ? "CPU" : "CUDA") << " device here";
+    if (!rt_) CORA_NO_DEVICE(GetParam(), shared_runtime_failures()[GetParam()]);
   }
   cora::device& dev() { return rt_->device(0); }
   /// test_kernels.corabin, loaded once per backend.

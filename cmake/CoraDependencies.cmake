@@ -13,7 +13,12 @@ if(NOT TARGET cora_asio)
   endif()
   add_library(cora_asio INTERFACE)
   target_include_directories(cora_asio SYSTEM INTERFACE ${CORA_ASIO_INCLUDE_DIR})
-  target_compile_definitions(cora_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED)
+  # ASIO_HAS_STD_ALIGNED_ALLOC: Asio 1.22 decides between aligned_alloc and operator new from a
+  # macro of libstdc++ that a translation unit has seen only if it included a standard header
+  # before Asio. Units that differ then allocate a handler's memory one way and free it the
+  # other (its inline functions are merged at link time). cora's headers include standard
+  # headers first, so this fixes the choice they make for every unit.
+  target_compile_definitions(cora_asio INTERFACE ASIO_STANDALONE ASIO_NO_DEPRECATED ASIO_HAS_STD_ALIGNED_ALLOC=1)
   # Asio 1.22 looks for clang's pre-C++20 coroutines TS only; clang has C++20 coroutines too.
   target_compile_definitions(cora_asio INTERFACE $<$<CXX_COMPILER_ID:Clang>:ASIO_HAS_CO_AWAIT=1>)
   target_link_libraries(cora_asio INTERFACE Threads::Threads)

@@ -671,14 +671,19 @@ std::shared_ptr<backend::module> device_state::own_module(std::unique_ptr<backen
   std::weak_ptr<device_state> owner = weak_from_this();
   return std::shared_ptr<backend::module>(m.release(), [owner](backend::module* raw) noexcept {
     std::unique_ptr<backend::module> last(raw);
-    if (auto dev = owner.lock()) {
-      dev->unload_later(std::move(last));
-      return;
-    }
-    // The device is going (its destructor unloads what it queued): a cora thread still.
+    // Handed to a cora thread first: the device's last reference may go with the module, and
+    // neither its destruction nor the unload may run inside whatever dropped the module (a
+    // poll step, a completion handler, a user's thread).
     try {
-      asio::post(device_wait_pool(), [m = std::shared_ptr<backend::module>(std::move(last))]() mutable { m.reset(); });
+      asio::post(device_wait_pool(), [owner, m = std::move(last)]() mutable {
+        auto dev = owner.lock();
+        if (dev && dev->backend->unload_waits())
+          dev->unload_later(std::move(m));
+        else
+          m.reset();  // unloading does not wait for the device, or the device is gone
+      });
     } catch (...) {
+      // No memory to post: unload here rather than never.
     }
   });
 }
@@ -686,16 +691,12 @@ std::shared_ptr<backend::module> device_state::own_module(std::unique_ptr<backen
 void device_state::unload_later(std::unique_ptr<backend::module> m) noexcept {
   if (!m) return;
   try {
-    if (!backend->unload_waits()) {
-      asio::post(device_wait_pool(), [m = std::shared_ptr<backend::module>(std::move(m))]() mutable { m.reset(); });
-      return;
-    }
     std::lock_guard lock(unload_mutex_);
     unloads_.push_back({std::move(m), clock::now()});
     if (unload_scheduled_) return;
     unload_scheduled_ = true;
   } catch (...) {
-    return;  // out of memory: `m`, if still here, unloads on this thread
+    return;  // out of memory: `m`, if still here, unloads on this cora thread
   }
   schedule_unloads(std::chrono::microseconds(0));
 }

@@ -198,10 +198,10 @@ class device_state : public std::enable_shared_from_this<device_state> {
   /// Owns a module the backend just loaded: when its last reference goes (the binary's, or a
   /// launch's in flight), it is handed to unload_later, never unloaded on the dropping thread.
   std::shared_ptr<backend::module> own_module(std::unique_ptr<backend::module> m);
-  /// Unloads `m` on a cora thread. Where unloading waits for the device (CUDA's
-  /// cuModuleUnload, which also holds other threads' driver calls while it waits), only once
+  /// Queues `m` for a cora thread to unload where unloading waits for the device (CUDA's
+  /// cuModuleUnload, which also holds other threads' driver calls while it waits): only once
   /// this device's streams are idle, with their submission locks held, or when the queue grows
-  /// long or old (unload_defer_count, unload_defer_age).
+  /// long or old (unload_defer_count, unload_defer_age). Called on a cora thread.
   void unload_later(std::unique_ptr<backend::module> m) noexcept;
   /// Modules waiting for their unload.
   std::size_t unloads_pending() const noexcept;

@@ -110,19 +110,35 @@ class pending_awaiter : private wait_node {
 
  private:
   // Hands the resumption to the waiter's executor (or cora's handler thread when it has none).
+  //
+  // The node is let go (state 3) only once the executor is no longer used: a frame destroyed
+  // with its io_context waits for that in withdraw(), so the context outlives the post. A
+  // resumption that runs inline here and ends the awaiter is told apart (completing_), so
+  // that it does not wait for itself, and the node is then not touched again.
   static void complete(wait_node& node, bool may_run_inline) noexcept {
     auto& self = static_cast<pending_awaiter&>(node);
     resume_op op(self.handle_, std::move(self.owner_));
     asio::any_io_executor ex = std::move(self.executor_);
-    // From here on the frame may resume or be destroyed: the node is not touched again.
-    self.state.store(3, std::memory_order_release);
+    pending_awaiter* const outer = completing_;
+    bool* const outer_ended = ended_inline_;
+    bool ended_inline = false;
+    completing_ = &self;
+    ended_inline_ = &ended_inline;
     if (!ex)
       asio::post(handler_executor(), std::move(op));
     else if (may_run_inline)
       asio::dispatch(ex, std::move(op));
     else
       asio::post(ex, std::move(op));
+    ex = asio::any_io_executor();
+    completing_ = outer;
+    ended_inline_ = outer_ended;
+    // From here on the frame may resume or be destroyed: the node is not touched again.
+    if (!ended_inline) self.state.store(3, std::memory_order_release);
   }
+  // The awaiter whose completion runs on this thread, and where to note that it ended inline.
+  static inline thread_local pending_awaiter* completing_ = nullptr;
+  static inline thread_local bool* ended_inline_ = nullptr;
 
   // Runs where the cancellation is emitted (the waiter's executor).
   void cancel(asio::cancellation_type type) noexcept {
@@ -143,6 +159,14 @@ class pending_awaiter : private wait_node {
     int s = this->state.load(std::memory_order_acquire);
     if (s == 0 && op_.source()->disarm(*this)) {
       // Withdrawn before completing: nothing will resume the frame being destroyed.
+      clear_slot();
+      return;
+    }
+    if (completing_ == this) {
+      // Resumed inline by its own completion, which is still on this thread's stack: it must
+      // not touch the node again.
+      if (ended_inline_) *ended_inline_ = true;
+      completing_ = nullptr;
       clear_slot();
       return;
     }

@@ -279,14 +279,8 @@ device_state::~device_state() {
     d.erase(std::remove(d.begin(), d.end(), this), d.end());
   }
   shutdown();
-  {
-    // Modules still queued for their unload go now, before the backend does.
-    std::deque<pending_unload> left;
-    {
-      std::lock_guard lock(unload_mutex_);
-      left.swap(unloads_);
-    }
-  }
+  // No module is queued for its unload here: a queued one keeps a drain scheduled, and the
+  // drain holds the device until the queue is empty.
   // Nothing refers to the device any more: no handle, stream or op holds pinned memory.
   if (pinned_pool_) {
     std::lock_guard lock(pinned_pool_->mutex);
@@ -701,6 +695,14 @@ void device_state::unload_later(std::unique_ptr<backend::module> m) noexcept {
   schedule_unloads(std::chrono::microseconds(0));
 }
 
+std::unique_ptr<backend::module> device_state::take_oldest_unload() noexcept {
+  std::lock_guard lock(unload_mutex_);
+  if (unloads_.empty()) return nullptr;
+  auto m = std::move(unloads_.front().module);
+  unloads_.pop_front();
+  return m;
+}
+
 std::size_t device_state::unloads_pending() const noexcept {
   std::lock_guard lock(unload_mutex_);
   return unloads_.size();
@@ -711,7 +713,7 @@ void device_state::schedule_unloads(std::chrono::microseconds delay) noexcept {
     auto timer = std::make_shared<asio::steady_timer>(device_wait_pool().get_executor(), delay);
     timer->async_wait([self = shared_from_this(), timer](const std::error_code&) { self->drain_unloads(); });
   } catch (...) {
-    // No timer: unload now, on this cora (or dropping) thread, rather than never.
+    // No timer: unload now, on this cora thread, rather than never.
     std::deque<pending_unload> all;
     {
       std::lock_guard lock(unload_mutex_);
@@ -748,17 +750,7 @@ bool device_state::unload_one_while_idle() {
       break;
     }
   }
-  if (idle) {
-    std::unique_ptr<backend::module> m;
-    {
-      std::lock_guard lock(unload_mutex_);
-      if (!unloads_.empty()) {
-        m = std::move(unloads_.front().module);
-        unloads_.pop_front();
-      }
-    }
-    m.reset();  // the unload: on an idle device it does not wait for a kernel
-  }
+  if (idle) take_oldest_unload().reset();  // the unload: on an idle device it waits for no kernel
   for (stream_state* s : held) s->enqueue_mutex().unlock();
   return idle;
 }
@@ -781,14 +773,7 @@ void device_state::drain_unloads() noexcept {
               clock::now() - unloads_.front().since > unload_defer_age;
     }
     if (force) {
-      std::unique_ptr<backend::module> m;
-      {
-        std::lock_guard lock(unload_mutex_);
-        if (unloads_.empty()) continue;
-        m = std::move(unloads_.front().module);
-        unloads_.pop_front();
-      }
-      m.reset();
+      take_oldest_unload().reset();
       continue;
     }
     bool done = false;

@@ -196,7 +196,8 @@ class device_state : public std::enable_shared_from_this<device_state> {
   memory_region classify(const void* p, std::size_t bytes, std::error_code& ec, alloc_ref* keep) const;
 
   /// Owns a module the backend just loaded: when its last reference goes (the binary's, or a
-  /// launch's in flight), it is handed to unload_later, never unloaded on the dropping thread.
+  /// launch's in flight), it is handed to a cora thread, which unloads it or, where unloading
+  /// waits for the device, queues it (unload_later); never unloaded on the dropping thread.
   std::shared_ptr<backend::module> own_module(std::unique_ptr<backend::module> m);
   /// Queues `m` for a cora thread to unload where unloading waits for the device (CUDA's
   /// cuModuleUnload, which also holds other threads' driver calls while it waits): only once
@@ -257,6 +258,8 @@ class device_state : public std::enable_shared_from_this<device_state> {
   static constexpr std::chrono::seconds unload_defer_age{30};
   void schedule_unloads(std::chrono::microseconds delay) noexcept;
   void drain_unloads() noexcept;
+  /// Takes the oldest queued module (null if none).
+  std::unique_ptr<backend::module> take_oldest_unload() noexcept;
   /// True if no stream of this device has cora work in flight (polls those that may).
   bool streams_idle();
   /// Unloads the oldest queued module if every stream's submission lock is free and every

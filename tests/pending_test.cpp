@@ -132,6 +132,33 @@ TEST_P(pending_test, AnAlreadyCompleteOpNeverCompletesInsideTheInitiation) {
   EXPECT_TRUE(called);
 }
 
+// An op found complete when the wait is armed completes through the handler's executor; a
+// cancellation emitted before that completion has run must not complete the wait a second
+// time (it once did: the handler ran twice, the second time on freed memory).
+TEST_P(pending_test, CancellationAfterAnArmFoundTheOpCompleteIsIgnored) {
+  asio::io_context ctx;
+  auto s = dev().make_stream();
+  auto check = [&](pending<void> p) {
+    asio::cancellation_signal sig;
+    int calls = 0;
+    std::error_code got = make_error_code(errc::not_ready);
+    p.async_wait(asio::bind_cancellation_slot(sig.slot(), asio::bind_executor(ctx, [&](std::error_code ec) {
+                                                ++calls;
+                                                got = ec;
+                                              })));
+    EXPECT_EQ(calls, 0);  // queued on ctx, not run yet
+    sig.emit(asio::cancellation_type::terminal);
+    ctx.restart();
+    ctx.run();
+    EXPECT_EQ(calls, 1);
+    EXPECT_FALSE(got) << got.message();
+  };
+  auto device_op = slow_op(s, 10);
+  s.synchronize().wait();  // the op has completed, and the stream has seen it
+  check(std::move(device_op));
+  check(s.copy(nullptr, nullptr, 0));  // a host-side op: an empty copy completes at once
+}
+
 TEST_P(pending_test, PlainCoroutineResumesOnTheEngineThread) {
   struct fire_and_forget {
     struct promise_type {

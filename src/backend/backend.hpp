@@ -181,7 +181,10 @@ enum class value_memory {
 };
 
 /// An in-order queue of device work. Every enqueue carries the core's sequence number of the
-/// op, strictly increasing; ops complete in that order.
+/// op, strictly increasing; ops complete in that order. The core makes the enqueues and
+/// record_marker one at a time (its submission lock), and query, release_marker, take_fault
+/// and resume one at a time (its completion lock): a call of the first group may run beside
+/// one of the second. wait_marker may run beside either.
 class stream {
  public:
   virtual ~stream() = default;

@@ -48,6 +48,7 @@ bool async_state_base::arm(wait_node& node, std::uint64_t, const asio::any_io_ex
   std::lock_guard lock(mutex_);
   if (done_.load(std::memory_order_relaxed)) {
     node.ec = ec_;
+    node.state.store(1, std::memory_order_release);  // completed by the caller: not withdrawable
     return false;
   }
   node.source = this;

@@ -78,7 +78,9 @@ void fire(std::vector<wait_node*>& nodes, bool inline_last) noexcept {
   const std::size_t n = nodes.size();
   for (std::size_t i = 0; i < n; ++i) {
     wait_node* node = nodes[i];
+    auto* group = static_cast<poll_group*>(node->group);  // the node may be gone after the call
     node->on_complete(*node, inline_last && i + 1 == n);
+    if (group) group->fired_one();
   }
   nodes.clear();
 }
@@ -102,18 +104,17 @@ void poll_group::begin_wait(stream_state* s) {
   pending_.fetch_add(1, std::memory_order_acq_rel);
 }
 
-void poll_group::end_wait(stream_state* s) noexcept {
-  intrusive_ptr<stream_state> last;  // released outside the lock
-  {
-    std::lock_guard lock(mutex_);
-    auto it = streams_.find(s);
-    if (it == streams_.end() || it->second.second == 0) return;
-    if (--it->second.second == 0) {
-      last = std::move(it->second.first);
-      --live_;
-    }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+intrusive_ptr<stream_state> poll_group::end_wait(stream_state* s) noexcept {
+  intrusive_ptr<stream_state> last;
+  std::lock_guard lock(mutex_);
+  auto it = streams_.find(s);
+  if (it == streams_.end() || it->second.second == 0) return last;
+  if (--it->second.second == 0) {
+    last = std::move(it->second.first);
+    --live_;
   }
+  pending_.fetch_sub(1, std::memory_order_acq_rel);
+  return last;
 }
 
 void poll_group::prune_locked() noexcept {
@@ -134,12 +135,7 @@ bool poll_group::poll_once(std::vector<wait_node*>& fired) {
       if (entry.first) snapshot.push_back(entry.first);
   }
   bool progress = false;
-  const std::size_t before = fired.size();
-  for (auto& s : snapshot) progress |= s->poll(fired);
-  for (std::size_t i = before; i < fired.size(); ++i) {
-    wait_node* n = fired[i];
-    if (n->group) static_cast<poll_group*>(n->group)->end_wait(static_cast<stream_state*>(n->source));
-  }
+  for (auto& s : snapshot) progress |= s->poll(fired);  // uncounts what it fires
   snapshot.clear();
   return progress;
 }
@@ -310,6 +306,9 @@ void executor_group::poll_step() {
 void executor_group::shutdown() {
   engine::get().forget(this);
   abort_all(asio::error::operation_aborted);
+  // Completions claimed by pollers of other contexts may still be posting to this one: the
+  // context (and its scheduler, which then destroys what they posted) stays until they are.
+  while (firing_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
 // ---------------------------------------------------------------------------------------------

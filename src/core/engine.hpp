@@ -35,8 +35,11 @@ class poll_group {
 
   /// Counts a wait on `s` (before it is linked into the stream).
   void begin_wait(stream_state* s);
-  /// Uncounts it (after it completed or was withdrawn).
-  void end_wait(stream_state* s) noexcept;
+  /// Uncounts it (after it completed or was withdrawn). Called under the stream's state lock,
+  /// so that a group being destroyed (abort_all takes each stream's lock) never sees a wait
+  /// that was claimed but not yet uncounted. Returns the group's reference to the stream when
+  /// this was its last wait there: the caller drops it after unlocking.
+  [[nodiscard]] intrusive_ptr<stream_state> end_wait(stream_state* s) noexcept;
   /// Makes sure someone polls this group.
   virtual void schedule() = 0;
 
@@ -52,6 +55,10 @@ class poll_group {
   intrusive_ptr<stream_state> any_stream();
   /// Withdraws every wait of this group with `ec`, firing them.
   void abort_all(std::error_code ec) noexcept;
+  /// A wait of this group was claimed for firing (under its stream's lock); fire() says when
+  /// its completion handler is done with the node and its executor (fired_one).
+  void claimed() noexcept { firing_.fetch_add(1, std::memory_order_relaxed); }
+  void fired_one() noexcept { firing_.fetch_sub(1, std::memory_order_release); }
 
  protected:
   std::mutex mutex_;
@@ -61,6 +68,9 @@ class poll_group {
   std::unordered_map<stream_state*, std::pair<intrusive_ptr<stream_state>, std::size_t>> streams_;
   std::size_t live_ = 0;
   std::atomic<std::size_t> pending_{0};
+  // Claimed waits whose completion is still being handed to their executor: a group whose
+  // context is being destroyed waits for them, so that no completer posts to a freed context.
+  std::atomic<std::size_t> firing_{0};
 };
 
 /// The waits of one Asio execution context, polled on that context's own threads.

@@ -364,6 +364,16 @@ struct op_keep {
     else
       more.push_back(std::move(r));
   }
+  /// True if an allocation already held contains `p` (its record is alive: it is held).
+  bool covers(const void* p) const noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto in = [a](const alloc_ref& r) { return a - r.get()->base < r.get()->size; };
+    for (std::size_t i = 0; i < n_refs; ++i)
+      if (in(refs[i])) return true;
+    for (const alloc_ref& r : more)
+      if (in(r)) return true;
+    return false;
+  }
   bool empty() const noexcept { return !any && !module && !kernel && n_refs == 0; }
   void clear() noexcept {
     any.reset();
@@ -438,12 +448,21 @@ class stream_state final : public completion_source {
   template <class Submit>
   op_handle enqueue(Submit&& submit, op_keep keep = {});
 
-  /// Enqueues several backend calls as one op position (e.g. a placeholder copy + launch);
-  /// used by launches that stage data first.
-  adaptive_mutex& enqueue_mutex() noexcept { return mutex_; }
-  std::uint64_t next_seq_locked() const noexcept { return last_seq_ + 1; }
+  /// The submission lock: held across the backend calls that enqueue work or record a marker,
+  /// so that they reach the stream in position order. Completion state (markers, waiters,
+  /// keep-alives, the error) has its own lock, taken after this one when both are needed, so
+  /// that a poller never waits behind a driver call (DESIGN rule 10). Also guards `capture`.
+  /// Used directly by launches that stage data first (several backend calls, one position).
+  adaptive_mutex& enqueue_mutex() noexcept { return submit_mutex_; }
+  std::uint64_t next_seq_locked() const noexcept { return last_seq_.load(std::memory_order_relaxed) + 1; }
   void note_marker_for_tail_locked();
-  void commit_locked(std::uint64_t seq, op_keep keep);
+  /// Makes `seq` the last op (submission lock held); for a position with nothing to keep.
+  void commit_locked(std::uint64_t seq) noexcept;
+  /// The same, keeping `keep` until the op completed. When the keep-alives pile up it observes
+  /// progress; what finished ops kept is then moved into `drop`, for release_trimmed() after
+  /// the submission lock is let go.
+  void commit_locked(std::uint64_t seq, op_keep keep, keep_drop& drop);
+  void release_trimmed(keep_drop& drop) noexcept;
   /// Keeps `keep` alive until everything enqueued so far has completed (stream::free).
   void keep_until_tail(op_keep keep);
   std::uint64_t completed_position() const noexcept { return completed_.load(std::memory_order_acquire); }
@@ -455,8 +474,10 @@ class stream_state final : public completion_source {
   op_handle synchronize_handle();
   /// True if every op enqueued so far has completed, as last observed (no driver call).
   bool idle_observed() noexcept;
-  /// The same, with enqueue_mutex() held by the caller.
-  bool idle_locked() const noexcept { return completed_.load(std::memory_order_acquire) >= last_seq_; }
+  /// The same, with enqueue_mutex() held by the caller (no op can be enqueued meanwhile).
+  bool idle_locked() const noexcept {
+    return completed_.load(std::memory_order_acquire) >= last_seq_.load(std::memory_order_relaxed);
+  }
   /// For a borrowed native stream whose handle is going: records the marker that tells when
   /// the work already enqueued is done, then tells the backend to leave the native stream be.
   void detach_native() noexcept;
@@ -473,8 +494,8 @@ class stream_state final : public completion_source {
 
   /// Advances the completed position past completed markers without firing any waiter.
   bool advance();
-  /// Polls the oldest marker; appends the nodes that completed to `fired` (state set, unlinked;
-  /// their groups not yet uncounted). Returns true on progress.
+  /// Polls the oldest marker; appends the nodes that completed to `fired` (state set, unlinked,
+  /// uncounted from their groups). Returns true on progress.
   bool poll(std::vector<wait_node*>& fired);
   /// When the oldest marker is expected to complete (max() when unknown or none).
   clock::time_point expected_ready();
@@ -499,21 +520,33 @@ class stream_state final : public completion_source {
     backend::marker m;
     clock::time_point enqueued;
   };
+  /// Records a marker after op `seq` (the last op); submission lock held, state lock not.
   void record_marker_locked(std::uint64_t seq);
+  /// True if a marker at or after `s` was recorded (it may have completed since).
+  bool marked(std::uint64_t s) const noexcept { return last_marked_.load(std::memory_order_acquire) >= s; }
   std::error_code result_locked(std::uint64_t seq, bool sync) noexcept;
   void link_locked(wait_node& node);
   void unlink_locked(wait_node& node) noexcept;
-  bool poll_locked(std::vector<wait_node*>& fired, keep_drop& drop);
+  /// Uncounts a node that left the list from its group, under the lock (see
+  /// poll_group::end_wait). `hold` keeps the group's reference to this stream, if it was the
+  /// last, for the caller to drop after unlocking.
+  void uncount_locked(wait_node& node, intrusive_ptr<stream_state>& hold) noexcept;
+  /// The same for a node claimed for firing: counted as firing in its group until fire() is
+  /// done with it.
+  void claim_locked(wait_node& node, intrusive_ptr<stream_state>& hold) noexcept;
+  bool poll_locked(std::vector<wait_node*>& fired, keep_drop& drop, intrusive_ptr<stream_state>& hold);
   /// Advances `completed` past completed markers and releases finished ops' keep-alives.
   bool advance_locked(keep_drop& drop);
 
-  mutable adaptive_mutex mutex_;
+  adaptive_mutex submit_mutex_;  // see enqueue_mutex()
+  mutable adaptive_mutex mutex_;  // completion state: everything below but last_seq_, arena_
   // Pollers between taking finished ops' keep-alives (under the lock) and releasing them
   // (after it): a blocking wait that sees its op complete lets them finish, so that what the
   // op held (its buffers, say) is back in the pools when the wait returns.
   std::atomic<unsigned> releasing_{0};
   void settle_releases() const noexcept;
-  std::uint64_t last_seq_ = 0;
+  std::atomic<std::uint64_t> last_seq_{0};     // written under the submission lock
+  std::atomic<std::uint64_t> last_marked_{0};  // the newest marker's position (same)
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> tail_watch_{0};
   fifo_ring<marker_rec> markers_;
@@ -524,7 +557,7 @@ class stream_state final : public completion_source {
   std::string error_message_;
   keep_ring keepalive_;
   std::size_t trim_at_ = 256;  // keep-alive count that makes an enqueue observe progress
-  staging_arena arena_;
+  staging_arena arena_;  // under the submission lock
   // Learning op durations for the hybrid policy.
   clock::time_point last_done_{};
   clock::time_point last_pending_query_{};
@@ -554,19 +587,23 @@ template <class Submit>
 op_handle stream_state::enqueue(Submit&& submit, op_keep keep) {
   std::error_code ec;
   std::string message;
-  std::unique_lock lock(mutex_);
+  keep_drop drop;
+  std::unique_lock lock(submit_mutex_);
   if (device->shut_down.load(std::memory_order_acquire)) {
     lock.unlock();
     return failed_op(make_error_code(errc::runtime_shut_down), "the runtime was shut down", this);
   }
   note_marker_for_tail_locked();
-  std::uint64_t seq = last_seq_ + 1;  // a submit that enqueues several backend ops advances it
+  // A submit that enqueues several backend ops advances it.
+  std::uint64_t seq = last_seq_.load(std::memory_order_relaxed) + 1;
   submit(seq, ec, message);
   if (ec) {
     lock.unlock();
     return failed_op(ec, std::move(message), this);
   }
-  commit_locked(seq, std::move(keep));
+  commit_locked(seq, std::move(keep), drop);
+  lock.unlock();
+  if (!drop.empty()) release_trimmed(drop);
   return op_handle(intrusive_ptr<completion_source>::share(this), seq);
 }
 

@@ -283,7 +283,9 @@ pending<void> launch_block(stream_state* s, const kernel& k, const launch_config
     if (p.size != sizeof(void*) || p.offset + sizeof(void*) > params.size()) continue;
     const void* ptr;
     std::memcpy(&ptr, params.data() + p.offset, sizeof(ptr));
-    if (!ptr) continue;
+    // Two arguments in one allocation (x and y of one buffer) need one reference: each one
+    // taken is an atomic on a line every thread using the buffer shares.
+    if (!ptr || keep.covers(ptr)) continue;
     memory_region r;
     alloc_ref ref;
     if (dev.find_allocation(ptr, r, &ref) || dev.runtime->find_pinned(ptr, r, &ref))
@@ -309,7 +311,7 @@ pending<void> launch_block(stream_state* s, const kernel& k, const launch_config
             std::memcpy(patched.data() + ph.addr_offset, &addr, sizeof(addr));
           }
           s->backend->copy(seq, slice.device, slice.host, block.size(), false);
-          s->commit_locked(seq, nullptr);
+          s->commit_locked(seq);
           seq = launch_seq;
           desc.args = patched.data();
           desc.args_size = patched.size();

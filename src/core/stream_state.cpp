@@ -35,15 +35,20 @@ stream_state::~stream_state() {
 }
 
 void stream_state::record_marker_locked(std::uint64_t seq) {
-  markers_.push_back({backend->record_marker(seq), clock::now()});
+  const backend::marker m = backend->record_marker(seq);
+  {
+    std::lock_guard lock(mutex_);
+    markers_.push_back({m, clock::now()});
+  }
+  last_marked_.store(seq, std::memory_order_release);
 }
 
 void stream_state::note_marker_for_tail_locked() {
   // The previous op's pending is still held: its completion may be awaited after this op is
   // enqueued, so it needs a marker of its own.
-  if (last_seq_ != 0 && tail_watch_.load(std::memory_order_acquire) == last_seq_ &&
-      (markers_.empty() || markers_.back().m.seq < last_seq_))
-    record_marker_locked(last_seq_);
+  const std::uint64_t last = last_seq_.load(std::memory_order_relaxed);
+  if (last != 0 && tail_watch_.load(std::memory_order_acquire) == last && !marked(last))
+    record_marker_locked(last);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -94,72 +99,81 @@ void keep_drop::release() noexcept {
   used_ = 0;
 }
 
-void stream_state::commit_locked(std::uint64_t seq, op_keep keep) {
-  last_seq_ = seq;
+void stream_state::commit_locked(std::uint64_t seq) noexcept {
+  last_seq_.store(seq, std::memory_order_release);
   tail_watch_.store(seq, std::memory_order_release);
+}
+
+void stream_state::commit_locked(std::uint64_t seq, op_keep keep, keep_drop& drop) {
+  commit_locked(seq);
   if (keep.empty()) return;
-  keepalive_.push(seq, std::move(keep));
-  if (keepalive_.size() < trim_at_) return;
+  {
+    std::lock_guard lock(mutex_);
+    keepalive_.push(seq, std::move(keep));
+    if (keepalive_.size() < trim_at_) return;
+  }
   // Nobody has waited on this stream for a while: observe its progress so that what finished
   // ops kept alive is released. Waiters are left to their pollers.
-  if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
-  keep_drop drop;
+  if (!marked(seq)) record_marker_locked(seq);
+  std::lock_guard lock(mutex_);
   releasing_.fetch_add(1, std::memory_order_relaxed);  // before completed_ can move
   advance_locked(drop);
   trim_at_ = keepalive_.size() + keepalive_trim;
-  if (!drop.empty()) {
-    mutex_.unlock();  // finished ops' resources are released without the lock
-    drop.release();
-    mutex_.lock();
-  }
+  if (drop.empty()) releasing_.fetch_sub(1, std::memory_order_release);
+}
+
+void stream_state::release_trimmed(keep_drop& drop) noexcept {
+  // Outside both locks: a release may free memory in stream order, on this stream too.
+  drop.release();
   releasing_.fetch_sub(1, std::memory_order_release);
 }
 
 void stream_state::keep_until_tail(op_keep keep) {
   if (keep.empty()) return;
-  keep_drop drop;
-  {
-    std::lock_guard lock(mutex_);
-    if (completed_.load(std::memory_order_relaxed) >= last_seq_) {
-      drop.next() = std::move(keep);  // nothing in flight: release now, outside the lock
-    } else {
-      // Tied to the last op so far; a marker there lets a later poll see it complete.
-      if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
-      keepalive_.push(last_seq_, std::move(keep));
-    }
+  keep_drop drop;  // released last, outside the locks
+  std::lock_guard submit(submit_mutex_);
+  const std::uint64_t last = last_seq_.load(std::memory_order_relaxed);
+  if (completed_.load(std::memory_order_acquire) >= last) {
+    drop.next() = std::move(keep);  // nothing in flight: release now
+    return;
   }
+  // Tied to the last op so far; a marker there lets a later poll see it complete.
+  if (!marked(last)) record_marker_locked(last);
+  std::lock_guard lock(mutex_);
+  if (completed_.load(std::memory_order_relaxed) >= last)
+    drop.next() = std::move(keep);
+  else
+    keepalive_.push(last, std::move(keep));
 }
 
 void stream_state::mark(std::uint64_t seq) {
-  std::lock_guard lock(mutex_);
-  if (seq == last_seq_ && (markers_.empty() || markers_.back().m.seq < seq)) record_marker_locked(seq);
+  std::lock_guard lock(submit_mutex_);
+  if (seq == last_seq_.load(std::memory_order_relaxed) && !marked(seq)) record_marker_locked(seq);
 }
 
 op_handle stream_state::synchronize_handle() {
-  std::lock_guard lock(mutex_);
-  if (last_seq_ != 0 && (markers_.empty() || markers_.back().m.seq < last_seq_) &&
-      completed_.load(std::memory_order_relaxed) < last_seq_)
-    record_marker_locked(last_seq_);
-  return op_handle(intrusive_ptr<completion_source>::share(this), last_seq_ | sync_bit);
+  std::lock_guard lock(submit_mutex_);
+  const std::uint64_t last = last_seq_.load(std::memory_order_relaxed);
+  if (last != 0 && !marked(last) && completed_.load(std::memory_order_acquire) < last)
+    record_marker_locked(last);
+  return op_handle(intrusive_ptr<completion_source>::share(this), last | sync_bit);
 }
 
 bool stream_state::query_idle() {
   {
-    std::lock_guard lock(mutex_);
-    if (completed_.load(std::memory_order_relaxed) >= last_seq_) return true;
-    if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
+    std::lock_guard lock(submit_mutex_);
+    const std::uint64_t last = last_seq_.load(std::memory_order_relaxed);
+    if (completed_.load(std::memory_order_acquire) >= last) return true;
+    if (!marked(last)) record_marker_locked(last);
   }
   std::vector<wait_node*> fired;
   poll(fired);
-  for (wait_node* n : fired)
-    if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
   fire(fired, false);
   return idle_observed();
 }
 
 bool stream_state::idle_observed() noexcept {
-  std::lock_guard lock(mutex_);
-  return completed_.load(std::memory_order_relaxed) >= last_seq_;
+  return completed_.load(std::memory_order_acquire) >= last_seq_.load(std::memory_order_acquire);
 }
 
 std::error_code stream_state::result_locked(std::uint64_t seq, bool sync) noexcept {
@@ -235,17 +249,25 @@ bool stream_state::arm(wait_node& node, std::uint64_t seq, const asio::any_io_ex
   node.group = group;
   node.state.store(0, std::memory_order_relaxed);
   group->begin_wait(this);
+  intrusive_ptr<stream_state> hold;  // dropped after the lock
+  // A marker at or after the awaited op. Right after enqueue the op is the tail and gets its
+  // own marker; an older op got one when the next op was enqueued while its pending lived.
+  if (s != 0 && !marked(s) && completed_.load(std::memory_order_acquire) < s) {
+    std::lock_guard submit(submit_mutex_);
+    if (!marked(s) && completed_.load(std::memory_order_acquire) < s)
+      record_marker_locked(last_seq_.load(std::memory_order_relaxed));
+  }
   {
     std::lock_guard lock(mutex_);
     if (s <= completed_.load(std::memory_order_relaxed) || s == 0) {
       node.ec = result_locked(s, sync);
+      uncount_locked(node, hold);
       node.group = nullptr;
-      group->end_wait(this);
+      // Completing now, by the caller: a cancellation that arrives before the caller's
+      // completion has run must not withdraw (and so complete) the wait a second time.
+      node.state.store(1, std::memory_order_release);
       return false;
     }
-    // A marker at or after the awaited op. Right after enqueue the op is the tail and gets its
-    // own marker; an older op got one when the next op was enqueued while its pending lived.
-    if (markers_.empty() || markers_.back().m.seq < s) record_marker_locked(last_seq_);
     node.sync = sync;
     link_locked(node);
   }
@@ -256,12 +278,24 @@ bool stream_state::arm(wait_node& node, std::uint64_t seq, const asio::any_io_ex
 bool stream_state::disarm(wait_node& node) noexcept {
   int expected = 0;
   if (!node.state.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) return false;
-  {
-    std::lock_guard lock(mutex_);
-    unlink_locked(node);
-  }
-  if (node.group) static_cast<poll_group*>(node.group)->end_wait(this);
+  intrusive_ptr<stream_state> hold;  // dropped after the lock
+  std::lock_guard lock(mutex_);
+  unlink_locked(node);
+  uncount_locked(node, hold);
   return true;
+}
+
+void stream_state::uncount_locked(wait_node& node, intrusive_ptr<stream_state>& hold) noexcept {
+  if (!node.group) return;
+  intrusive_ptr<stream_state> ref = static_cast<poll_group*>(node.group)->end_wait(this);
+  // Every reference returned is to this stream; holding the first keeps any other from being
+  // the last one while the lock is held.
+  if (ref && !hold) hold = std::move(ref);
+}
+
+void stream_state::claim_locked(wait_node& node, intrusive_ptr<stream_state>& hold) noexcept {
+  if (node.group) static_cast<poll_group*>(node.group)->claimed();  // before it is uncounted
+  uncount_locked(node, hold);
 }
 
 bool stream_state::advance_locked(keep_drop& drop) {
@@ -311,7 +345,8 @@ bool stream_state::advance_locked(keep_drop& drop) {
   return progress;
 }
 
-bool stream_state::poll_locked(std::vector<wait_node*>& fired, keep_drop& drop) {
+bool stream_state::poll_locked(std::vector<wait_node*>& fired, keep_drop& drop,
+                               intrusive_ptr<stream_state>& hold) {
   const std::size_t fired_before = fired.size();
   const bool progress = advance_locked(drop);
   const std::uint64_t done = completed_.load(std::memory_order_relaxed);
@@ -321,6 +356,7 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired, keep_drop& drop) 
     int expected = 0;
     if (!n->state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) continue;
     n->ec = result_locked(n->seq, n->sync);
+    claim_locked(*n, hold);
     fired.push_back(n);
   }
   return progress || fired.size() > fired_before;
@@ -329,6 +365,7 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired, keep_drop& drop) 
 
 bool stream_state::poll(std::vector<wait_node*>& fired) {
   keep_drop drop;
+  intrusive_ptr<stream_state> hold;  // dropped last, after the lock
   bool progress;
   {
     std::lock_guard lock(mutex_);
@@ -336,7 +373,7 @@ bool stream_state::poll(std::vector<wait_node*>& fired) {
     // sees this poll's release still to come.
     const bool keeps = !keepalive_.empty();
     if (keeps) releasing_.fetch_add(1, std::memory_order_relaxed);
-    progress = poll_locked(fired, drop);
+    progress = poll_locked(fired, drop, hold);
     if (!keeps) return progress;
   }
   drop.release();  // finished ops' resources go here, outside the lock
@@ -412,11 +449,10 @@ std::error_code stream_state::block(std::uint64_t seq) {
 
   const bool sync = seq & sync_bit;
   const std::uint64_t s = seq & ~sync_bit;
-  {
-    std::lock_guard lock(mutex_);
-    if (s > completed_.load(std::memory_order_relaxed) &&
-        (markers_.empty() || markers_.back().m.seq < s))
-      record_marker_locked(last_seq_);
+  if (!marked(s)) {
+    std::lock_guard lock(submit_mutex_);
+    if (s > completed_.load(std::memory_order_acquire) && !marked(s))
+      record_marker_locked(last_seq_.load(std::memory_order_relaxed));
   }
   // This thread detects only its own op: it advances the stream's completed position and
   // leaves every other waiter to its own poller, so no one else's continuation runs here.
@@ -457,7 +493,7 @@ void stream_state::dropped(std::uint64_t seq, bool) noexcept {
 
 void stream_state::set_sticky(std::error_code ec, const std::string& message) noexcept {
   std::lock_guard lock(mutex_);
-  const std::uint64_t at = last_seq_ + 1;
+  const std::uint64_t at = last_seq_.load(std::memory_order_acquire) + 1;
   if (error_seq_.load(std::memory_order_relaxed) <= at) return;  // an earlier failure stands
   error_ = ec;
   try {
@@ -469,6 +505,7 @@ void stream_state::set_sticky(std::error_code ec, const std::string& message) no
 
 void stream_state::abort_waits(std::error_code ec, poll_group* only) noexcept {
   std::vector<wait_node*> fired;
+  intrusive_ptr<stream_state> hold;  // dropped last, after the lock
   {
     std::lock_guard lock(mutex_);
     for (wait_node* n = head_; n;) {
@@ -477,6 +514,7 @@ void stream_state::abort_waits(std::error_code ec, poll_group* only) noexcept {
         int expected = 0;
         if (n->state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
           unlink_locked(*n);
+          claim_locked(*n, hold);
           n->ec = ec;
           fired.push_back(n);
         }
@@ -484,17 +522,15 @@ void stream_state::abort_waits(std::error_code ec, poll_group* only) noexcept {
       n = next;
     }
   }
-  for (wait_node* n : fired)
-    if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
   fire(fired, false);
 }
 
 void stream_state::detach_native() noexcept {
-  std::lock_guard lock(mutex_);
-  if (completed_.load(std::memory_order_relaxed) < last_seq_ &&
-      (markers_.empty() || markers_.back().m.seq < last_seq_)) {
+  std::lock_guard lock(submit_mutex_);
+  const std::uint64_t last = last_seq_.load(std::memory_order_relaxed);
+  if (completed_.load(std::memory_order_acquire) < last && !marked(last)) {
     try {
-      record_marker_locked(last_seq_);
+      record_marker_locked(last);
     } catch (...) {
       // Without room for the marker the drain records none either: the stream then stays
       // until the device is shut down, which is safe.
@@ -506,14 +542,13 @@ void stream_state::detach_native() noexcept {
 bool stream_state::drain(clock::time_point deadline) noexcept {
   for (;;) {
     {
-      std::lock_guard lock(mutex_);
-      if (completed_.load(std::memory_order_relaxed) >= last_seq_) return true;
-      if (markers_.empty() || markers_.back().m.seq < last_seq_) record_marker_locked(last_seq_);
+      std::lock_guard lock(submit_mutex_);
+      const std::uint64_t last = last_seq_.load(std::memory_order_relaxed);
+      if (completed_.load(std::memory_order_acquire) >= last) return true;
+      if (!marked(last)) record_marker_locked(last);
     }
     std::vector<wait_node*> fired;
     if (poll(fired)) {
-      for (wait_node* n : fired)
-        if (n->group) static_cast<poll_group*>(n->group)->end_wait(this);
       fire(fired, false);
       continue;
     }

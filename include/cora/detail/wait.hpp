@@ -99,7 +99,8 @@ class completion_source : public ref_counted {
   virtual bool ready(std::uint64_t seq, std::error_code& ec) noexcept = 0;
   /// Registers `node` to complete when `seq` has. `executor` is the waiter's executor, whose
   /// own thread should poll; null means the engine thread detects completion and resumes the
-  /// waiter inline there. Returns false, with node.ec set, when `seq` has already completed.
+  /// waiter inline there. Returns false, with node.ec set, when `seq` has already completed:
+  /// the caller completes the wait, and disarm() of the node then returns false.
   virtual bool arm(wait_node& node, std::uint64_t seq, const asio::any_io_executor* executor) = 0;
   /// Withdraws an armed node. Returns true if it was withdrawn before completing (the caller
   /// then completes it itself); false if completion is already under way.

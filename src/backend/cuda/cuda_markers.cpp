@@ -41,13 +41,23 @@ class event_markers final : public marker_source {
 
   CUresult record(std::uint64_t, marker& out) override {
     CUevent e = nullptr;
-    if (!free_.empty()) {
-      e = free_.back();
-      free_.pop_back();
-    } else {
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        e = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (!e) {
       const CUresult r = ctx_->api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
       if (r != CUDA_SUCCESS) return r;
-      all_.push_back(e);
+      std::lock_guard lock(mutex_);
+      try {
+        all_.push_back(e);
+      } catch (...) {
+        ctx_->api.cuEventDestroy(e);
+        throw;
+      }
     }
     out.handle = e;
     return ctx_->api.cuEventRecord(e, stream_);
@@ -60,7 +70,13 @@ class event_markers final : public marker_source {
   }
 
   void release(const marker& m) noexcept override {
-    if (m.handle) free_.push_back(static_cast<CUevent>(m.handle));
+    if (!m.handle) return;
+    std::lock_guard lock(mutex_);
+    // all_ has room for every event: free_ never holds more than all_.
+    try {
+      free_.push_back(static_cast<CUevent>(m.handle));
+    } catch (...) {
+    }
   }
 
   void retire(bool) noexcept override {}
@@ -76,6 +92,8 @@ class event_markers final : public marker_source {
  private:
   std::shared_ptr<context> ctx_;
   CUstream stream_;
+  // record() runs under the core's submission lock, release() under its completion lock.
+  std::mutex mutex_;
   std::vector<CUevent> free_;
   std::vector<CUevent> all_;  // destroyed with the source: a sleeper may still query a released one
 };
@@ -174,7 +192,7 @@ class counter_markers final : public marker_source {
 
   CUresult record(std::uint64_t seq, marker& out) override {
     out.handle = nullptr;
-    last_ = seq;
+    last_.store(seq, std::memory_order_relaxed);
     // The default flags order the write after every earlier op of the stream, with a
     // system-wide memory fence, so data those ops wrote is visible once the value is.
     return ctx_->api.cuStreamWriteValue32(stream_, device_slot_, static_cast<cuuint32_t>(seq),
@@ -190,11 +208,14 @@ class counter_markers final : public marker_source {
 
   void retire(bool device_done) noexcept override { free_slot_ = device_done; }
 
-  bool reached_all() const noexcept override { return last_ == 0 || reached(last_); }
+  bool reached_all() const noexcept override {
+    const std::uint64_t last = last_.load(std::memory_order_relaxed);
+    return last == 0 || reached(last);
+  }
 
   void reset() noexcept override {
     __atomic_store_n(slot_, 0u, __ATOMIC_RELEASE);  // the device wrote its last value
-    last_ = 0;
+    last_.store(0, std::memory_order_relaxed);
   }
 
  private:
@@ -208,7 +229,7 @@ class counter_markers final : public marker_source {
   CUstream stream_;
   std::uint32_t* slot_ = nullptr;
   CUdeviceptr device_slot_ = 0;
-  std::uint64_t last_ = 0;  // the last sequence number recorded
+  std::atomic<std::uint64_t> last_{0};  // the last sequence number recorded
   bool free_slot_ = true;
   health_check health_;
 };
@@ -244,8 +265,9 @@ class callback_markers final : public marker_source {
   CUresult record(std::uint64_t, marker& out) override {
     // The handle is the marker's rank among this stream's callbacks, which run in order.
     const CUresult r = ctx_->api.cuLaunchHostFunc(stream_, &on_callback, cell_);
-    if (r == CUDA_SUCCESS) ++issued_;
-    out.handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(issued_));
+    std::uint64_t issued = issued_.load(std::memory_order_relaxed);
+    if (r == CUDA_SUCCESS) issued_.store(++issued, std::memory_order_relaxed);
+    out.handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(issued));
     return r;
   }
 
@@ -269,12 +291,12 @@ class callback_markers final : public marker_source {
   void retire(bool device_done) noexcept override { free_cell_ = device_done; }
 
   bool reached_all() const noexcept override {
-    return cell_->done.load(std::memory_order_acquire) >= issued_;
+    return cell_->done.load(std::memory_order_acquire) >= issued_.load(std::memory_order_relaxed);
   }
 
   void reset() noexcept override {
     cell_->done.store(0, std::memory_order_release);  // every callback has run
-    issued_ = 0;
+    issued_.store(0, std::memory_order_relaxed);
   }
 
  private:
@@ -285,7 +307,7 @@ class callback_markers final : public marker_source {
   std::shared_ptr<context> ctx_;
   CUstream stream_;
   callback_cell* cell_;
-  std::uint64_t issued_ = 0;
+  std::atomic<std::uint64_t> issued_{0};  // written by record() only
   bool free_cell_ = true;
   health_check health_;
 };

@@ -29,9 +29,9 @@ enum class marker_mode { event, counter, callback };
 
 const char* to_string(marker_mode mode) noexcept;
 
-/// The markers of one stream. record, poll and release are called with the stream's ops
-/// serialized (the core's stream lock); poll and block may also run on a thread blocked in
-/// wait_marker.
+/// The markers of one stream. record is called under the core's submission lock, poll and
+/// release under its completion lock, so the two may run at once; poll and block may also run
+/// on a thread blocked in wait_marker.
 class marker_source {
  public:
   virtual ~marker_source() = default;

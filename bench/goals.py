@@ -91,14 +91,21 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
             ratio_row(f"round trip p50, co_await, {policy} (cora-roundtrip)", c, raw_t, limit, False,
                       f"{c:.2f} us vs {raw_t:.2f} us" if c and raw_t else "")
 
-    # 2. Small pipelines.
+    # 2. Small pipelines: cora with K executor threads against raw with K threads, and the
+    # best of each.
     rk, rv = best(results, f"pipeline/{tag}/raw_", "per_s")
-    ck, cv = best(results, f"pipeline/{tag}/cora", "per_s",
-                  lambda k: re.match(rf"pipeline/{tag}/cora(_spin)?/K:(\d+)/", k) is not None
-                  and int(re.search(r"/K:(\d+)", k).group(1)) <= 4)
+    kof = lambda k: int(re.search(r"/K:(\d+)/", k).group(1))
+    plain = lambda k: re.match(rf"pipeline/{tag}/cora(_spin|_per_thread)?/K:\d+/", k) is not None
+    ck, cv = best(results, f"pipeline/{tag}/cora", "per_s", lambda k: plain(k) and kof(k) <= 16)
     bk, bv = best(results, f"pipeline/{tag}/cora_batched/", "per_s")
     short = lambda k: k.split("/", 2)[2] if k else "-"
-    ratio_row("small pipelines/s, best cora (K <= 4) / best raw", cv, rv, 1.0, True,
+    for threads in (1, 4, 16):
+        tk, tv = best(results, f"pipeline/{tag}/cora", "per_s",
+                      lambda k, t=threads: plain(k) and kof(k) == t)
+        raw_t = get(results, f"pipeline/{tag}/raw_threads/T:{threads}", "per_s")
+        ratio_row(f"small pipelines/s, cora K={threads} / raw {threads} threads", tv, raw_t, 1.0, True,
+                  f"{tv:,.0f}/s ({short(tk)}) vs {raw_t:,.0f}/s" if tv and raw_t else "")
+    ratio_row("small pipelines/s, best cora (K <= 16) / best raw", cv, rv, 1.0, True,
               f"{cv:,.0f}/s ({short(ck)}) vs {rv:,.0f}/s ({short(rk)})" if cv and rv else "")
     ratio_row("small pipelines/s, batched / best raw unbatched", bv, rv, 2.0, True,
               f"{bv:,.0f}/s ({short(bk)})" if bv else "")

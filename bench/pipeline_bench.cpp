@@ -202,8 +202,10 @@ cora::task<void> client(cora_setup& c, std::size_t i) {
   c.total += done;
 }
 
+// `per_thread`: one io_context per executor thread (Asio's io_context-per-core pattern), the
+// coroutines dealt round-robin; else one io_context run by all `threads`.
 void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int coroutines, int batch,
-                    cora::completion_policy policy) {
+                    cora::completion_policy policy, bool per_thread) {
   auto& dev = cb::shared_runtime(policy).device(index);
   const bool cuda = dev.backend() == cora::backend_kind::cuda;
   const std::size_t clients = static_cast<std::size_t>(coroutines), b = static_cast<std::size_t>(batch);
@@ -220,22 +222,27 @@ void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int
   c.cfg.grid = cuda ? static_cast<std::uint32_t>((n + 255) / 256) : 1u;
   c.cfg.block = cuda ? 256u : 1u;
   for (auto _ : state) {
-    asio::io_context ctx(threads);
+    std::vector<std::unique_ptr<asio::io_context>> ctx;
+    for (int t = 0; t < (per_thread ? threads : 1); ++t)
+      ctx.push_back(std::make_unique<asio::io_context>(per_thread ? 1 : threads));
     c.w = window{};
     c.total = 0;
     for (std::size_t i = 0; i < clients; ++i)
-      cora::spawn(ctx, client(c, i), [](std::exception_ptr e) {
+      cora::spawn(*ctx[i % ctx.size()], client(c, i), [](std::exception_ptr e) {
         if (e) std::rethrow_exception(e);
       });
-    cb::on_threads(threads, [&](int) {
+    cb::on_threads(threads, [&](int t) {
+      auto& mine = *ctx[static_cast<std::size_t>(t) % ctx.size()];
       try {
-        ctx.run();
+        mine.run();
       } catch (...) {
-        ctx.stop();  // a client failed: end the run on every thread
+        for (auto& x : ctx) x->stop();  // a client failed: end the run on every thread
         throw;
       }
     });
-    report(state, c.w, c.total, std::string(batch > 1 ? "batched, " : "") + cora::to_string(policy));
+    report(state, c.w, c.total,
+           std::string(batch > 1 ? "batched, " : "") + (per_thread ? "io_context per thread, " : "") +
+               cora::to_string(policy));
   }
   for (auto& s : c.streams) s.synchronize().wait();
 }
@@ -259,21 +266,26 @@ const bool registered = cb::at_start([] {
         cb::register_once(name(d, "raw_poll/S:" + std::to_string(s)), raw_cuda_poll, d.ordinal, s);
 #endif
     const auto hybrid = cora::completion_policy::hybrid, spin = cora::completion_policy::spin;
-    for (int k : {1, 2, 4, 8})
+    for (int k : {1, 2, 4, 8, 16})
       for (int c : {16, 64, 256, 1024, 4096})
         cb::register_once(name(d, "cora/K:" + std::to_string(k) + "/C:" + std::to_string(c)), cora_pipelines, d.index, k,
-                          c, 1, hybrid);
+                          c, 1, hybrid, false);
+    // One io_context per executor thread: each thread polls and resumes only its own waits.
+    for (int k : {1, 4, 8, 16})
+      for (int c : {64, 256, 1024})
+        cb::register_once(name(d, "cora_per_thread/K:" + std::to_string(k) + "/C:" + std::to_string(c)),
+                          cora_pipelines, d.index, k, c, 1, hybrid, true);
     // The spin policy, to tell the cost of the policy from the cost of the rest.
     for (int k : {1, 2, 4})
       for (int c : {64, 256, 1024})
         cb::register_once(name(d, "cora_spin/K:" + std::to_string(k) + "/C:" + std::to_string(c)), cora_pipelines,
-                          d.index, k, c, 1, spin);
+                          d.index, k, c, 1, spin, false);
     for (int b : {16, static_cast<int>(cb::env_long("CORA_BENCH_BATCH", 64))})
       for (int k : {1, 4})
         for (int c : {16, 64})
           cb::register_once(
               name(d, "cora_batched/K:" + std::to_string(k) + "/C:" + std::to_string(c) + "/B:" + std::to_string(b)),
-              cora_pipelines, d.index, k, c, b, hybrid);
+              cora_pipelines, d.index, k, c, b, hybrid, false);
   }
 });
 

@@ -36,7 +36,7 @@ class poll_group {
   /// Counts a wait on `s` (before it is linked into the stream).
   void begin_wait(stream_state* s);
   /// Uncounts it (after it completed or was withdrawn). Called under the stream's state lock,
-  /// so that a group being destroyed (abort_all takes each stream's lock) never sees a wait
+  /// so that a group being destroyed (abort_all takes each stream's state lock) never sees a wait
   /// that was claimed but not yet uncounted. Returns the group's reference to the stream when
   /// this was its last wait there: the caller drops it after unlocking.
   [[nodiscard]] intrusive_ptr<stream_state> end_wait(stream_state* s) noexcept;
@@ -55,7 +55,7 @@ class poll_group {
   intrusive_ptr<stream_state> any_stream();
   /// Withdraws every wait of this group with `ec`, firing them.
   void abort_all(std::error_code ec) noexcept;
-  /// A wait of this group was claimed for firing (under its stream's lock); fire() says when
+  /// A wait of this group was claimed for firing (under its stream's state lock); fire() says when
   /// its completion handler is done with the node and its executor (fired_one).
   void claimed() noexcept { firing_.fetch_add(1, std::memory_order_relaxed); }
   void fired_one() noexcept { firing_.fetch_sub(1, std::memory_order_release); }

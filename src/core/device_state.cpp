@@ -730,11 +730,11 @@ bool device_state::streams_idle() {
 }
 
 bool device_state::unload_one_while_idle() {
-  // Every stream's submission lock, taken without waiting (a holder may be submitting, or
-  // polling: then this round gives way). Holding them all, and the list's lock so that no new
-  // stream appears, no cora work can start: a device seen idle stays idle for cora's part
-  // while the module unloads. Raw pointers: a listed stream's destructor needs the list's lock
-  // (remove_stream) to finish, and takes its own lock before (so try_lock fails on it).
+  // Every stream's submission lock, taken without waiting (a holder may be submitting: then
+  // this round gives way). Holding them all, and the list's lock so that no new stream
+  // appears, no cora work can start: a device seen idle stays idle for cora's part while the
+  // module unloads. Raw pointers: a listed stream's destructor has drained it and needs the
+  // list's lock (remove_stream) to finish, so it is still whole until that lock is let go.
   std::lock_guard list(streams_mutex_);
   std::vector<stream_state*> held;
   held.reserve(streams_.size());

@@ -459,9 +459,9 @@ class stream_state final : public completion_source {
   /// Makes `seq` the last op (submission lock held); for a position with nothing to keep.
   void commit_locked(std::uint64_t seq) noexcept;
   /// The same, keeping `keep` until the op completed. When the keep-alives pile up it observes
-  /// progress; what finished ops kept is then moved into `drop`, for release_trimmed() after
-  /// the submission lock is let go.
-  void commit_locked(std::uint64_t seq, op_keep keep, keep_drop& drop);
+  /// progress; what finished ops kept is then moved into `drop` (made only then), for
+  /// release_trimmed() after the submission lock is let go.
+  void commit_locked(std::uint64_t seq, op_keep keep, std::optional<keep_drop>& drop);
   void release_trimmed(keep_drop& drop) noexcept;
   /// Keeps `keep` alive until everything enqueued so far has completed (stream::free).
   void keep_until_tail(op_keep keep);
@@ -587,7 +587,7 @@ template <class Submit>
 op_handle stream_state::enqueue(Submit&& submit, op_keep keep) {
   std::error_code ec;
   std::string message;
-  keep_drop drop;
+  std::optional<keep_drop> drop;  // only when the keep-alives are trimmed
   std::unique_lock lock(submit_mutex_);
   if (device->shut_down.load(std::memory_order_acquire)) {
     lock.unlock();
@@ -603,7 +603,7 @@ op_handle stream_state::enqueue(Submit&& submit, op_keep keep) {
   }
   commit_locked(seq, std::move(keep), drop);
   lock.unlock();
-  if (!drop.empty()) release_trimmed(drop);
+  if (drop && !drop->empty()) release_trimmed(*drop);
   return op_handle(intrusive_ptr<completion_source>::share(this), seq);
 }
 

@@ -104,7 +104,7 @@ void stream_state::commit_locked(std::uint64_t seq) noexcept {
   tail_watch_.store(seq, std::memory_order_release);
 }
 
-void stream_state::commit_locked(std::uint64_t seq, op_keep keep, keep_drop& drop) {
+void stream_state::commit_locked(std::uint64_t seq, op_keep keep, std::optional<keep_drop>& drop) {
   commit_locked(seq);
   if (keep.empty()) return;
   {
@@ -117,9 +117,9 @@ void stream_state::commit_locked(std::uint64_t seq, op_keep keep, keep_drop& dro
   if (!marked(seq)) record_marker_locked(seq);
   std::lock_guard lock(mutex_);
   releasing_.fetch_add(1, std::memory_order_relaxed);  // before completed_ can move
-  advance_locked(drop);
+  advance_locked(drop.emplace());
   trim_at_ = keepalive_.size() + keepalive_trim;
-  if (drop.empty()) releasing_.fetch_sub(1, std::memory_order_release);
+  if (drop->empty()) releasing_.fetch_sub(1, std::memory_order_release);
 }
 
 void stream_state::release_trimmed(keep_drop& drop) noexcept {

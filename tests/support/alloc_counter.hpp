@@ -6,7 +6,7 @@
 
 namespace cora::test {
 
-/// operator new calls so far, on every thread.
+/// operator new calls so far on the calling thread.
 std::uint64_t heap_allocations() noexcept;
 /// False where allocations cannot be counted (under ThreadSanitizer).
 bool heap_counting() noexcept;

@@ -3,6 +3,8 @@
 // thread polling S streams' events; on the CPU device, T plain threads doing the same copies
 // and loop. cora: C coroutines on an io_context run by K threads, over a pool of streams; and
 // the same with B pipelines merged into one copy, one launch and one copy back (batched).
+// The coroutines use slices of four shared allocations; the `cora_own_buffers` rows give each
+// one buffers of its own, as each raw thread has (for information: no goal reads them).
 //
 // Settings: CORA_BENCH_SECONDS (per configuration, default 0.3), CORA_BENCH_BATCH (the
 // second batch size, 64; the first is 16).
@@ -170,12 +172,19 @@ void raw_cuda_poll(benchmark::State& state, std::size_t ordinal, int streams) {
 
 // --- cora ----------------------------------------------------------------------------------
 
+/// One client's buffers, for the runs in which each client has its own (as each raw thread does).
+struct client_buffers {
+  cora::host_buffer<float> host_in, host_out;
+  cora::device_buffer<float> dev_in, dev_out;
+};
+
 struct cora_setup {
   std::vector<cora::stream> streams;
   cora::kernel add;
   cora::launch_config cfg;
   cora::host_buffer<float> host_in, host_out;
   cora::device_buffer<float> dev_in, dev_out;
+  std::vector<client_buffers> own;  // per client, when not empty; else slices of the above
   std::size_t batch = 1;
   window w;
   std::atomic<std::uint64_t> total{0};
@@ -187,10 +196,11 @@ struct cora_setup {
 cora::task<void> client(cora_setup& c, std::size_t i) {
   auto& s = c.streams[i % c.streams.size()];
   const std::size_t b = c.batch, n = elements * b;
-  float* hin = c.host_in.data() + i * 2 * n;
-  float* hout = c.host_out.data() + i * n;
-  float* din = c.dev_in.data() + i * 2 * n;
-  float* dout = c.dev_out.data() + i * n;
+  const bool own = !c.own.empty();
+  float* hin = own ? c.own[i].host_in.data() : c.host_in.data() + i * 2 * n;
+  float* hout = own ? c.own[i].host_out.data() : c.host_out.data() + i * n;
+  float* din = own ? c.own[i].dev_in.data() : c.dev_in.data() + i * 2 * n;
+  float* dout = own ? c.own[i].dev_out.data() : c.dev_out.data() + i * n;
   std::uint64_t done = 0;
   for (auto now = clk::now(); now < c.w.end; now = clk::now()) {
     (void)s.copy(din, hin, b * in_bytes);
@@ -203,9 +213,11 @@ cora::task<void> client(cora_setup& c, std::size_t i) {
 }
 
 // `per_thread`: one io_context per executor thread (Asio's io_context-per-core pattern), the
-// coroutines dealt round-robin; else one io_context run by all `threads`.
+// coroutines dealt round-robin; else one io_context run by all `threads`. `own_buffers`: each
+// client allocates its own four buffers, as each raw thread does; else the clients use slices
+// of four shared allocations (every op then counts a reference on the same four records).
 void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int coroutines, int batch,
-                    cora::completion_policy policy, bool per_thread) {
+                    cora::completion_policy policy, bool per_thread, bool own_buffers) {
   auto& dev = cb::shared_runtime(policy).device(index);
   const bool cuda = dev.backend() == cora::backend_kind::cuda;
   const std::size_t clients = static_cast<std::size_t>(coroutines), b = static_cast<std::size_t>(batch);
@@ -213,11 +225,22 @@ void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int
   c.add = cb::test_kernels(policy, index).kernel("add_f32");
   c.batch = b;
   for (std::size_t i = 0; i < std::min<std::size_t>(clients, 256); ++i) c.streams.push_back(dev.make_stream());
-  c.host_in = dev.alloc_host<float>(clients * b * 2 * elements);
-  c.host_out = dev.alloc_host<float>(clients * b * elements);
-  c.dev_in = dev.alloc<float>(c.host_in.size());
-  c.dev_out = dev.alloc<float>(c.host_out.size());
-  std::fill(c.host_in.data(), c.host_in.data() + c.host_in.size(), 1.0f);
+  if (own_buffers) {
+    c.own.resize(clients);
+    for (auto& o : c.own) {
+      o.host_in = dev.alloc_host<float>(b * 2 * elements);
+      o.host_out = dev.alloc_host<float>(b * elements);
+      o.dev_in = dev.alloc<float>(o.host_in.size());
+      o.dev_out = dev.alloc<float>(o.host_out.size());
+      std::fill(o.host_in.data(), o.host_in.data() + o.host_in.size(), 1.0f);
+    }
+  } else {
+    c.host_in = dev.alloc_host<float>(clients * b * 2 * elements);
+    c.host_out = dev.alloc_host<float>(clients * b * elements);
+    c.dev_in = dev.alloc<float>(c.host_in.size());
+    c.dev_out = dev.alloc<float>(c.host_out.size());
+    std::fill(c.host_in.data(), c.host_in.data() + c.host_in.size(), 1.0f);
+  }
   const std::uint64_t n = elements * b;
   c.cfg.grid = cuda ? static_cast<std::uint32_t>((n + 255) / 256) : 1u;
   c.cfg.block = cuda ? 256u : 1u;
@@ -242,7 +265,7 @@ void cora_pipelines(benchmark::State& state, std::size_t index, int threads, int
     });
     report(state, c.w, c.total,
            std::string(batch > 1 ? "batched, " : "") + (per_thread ? "io_context per thread, " : "") +
-               cora::to_string(policy));
+               (own_buffers ? "buffers per client, " : "") + cora::to_string(policy));
   }
   for (auto& s : c.streams) s.synchronize().wait();
 }
@@ -269,23 +292,28 @@ const bool registered = cb::at_start([] {
     for (int k : {1, 2, 4, 8, 16})
       for (int c : {16, 64, 256, 1024, 4096})
         cb::register_once(name(d, "cora/K:" + std::to_string(k) + "/C:" + std::to_string(c)), cora_pipelines, d.index, k,
-                          c, 1, hybrid, false);
+                          c, 1, hybrid, false, false);
     // One io_context per executor thread: each thread polls and resumes only its own waits.
     for (int k : {1, 4, 8, 16})
       for (int c : {64, 256, 1024})
         cb::register_once(name(d, "cora_per_thread/K:" + std::to_string(k) + "/C:" + std::to_string(c)),
-                          cora_pipelines, d.index, k, c, 1, hybrid, true);
+                          cora_pipelines, d.index, k, c, 1, hybrid, true, false);
+    // Each client with buffers of its own, as each raw thread has (io_context per thread).
+    for (int k : {1, 4, 16})
+      for (int c : {64, 256, 1024})
+        cb::register_once(name(d, "cora_own_buffers/K:" + std::to_string(k) + "/C:" + std::to_string(c)),
+                          cora_pipelines, d.index, k, c, 1, hybrid, true, true);
     // The spin policy, to tell the cost of the policy from the cost of the rest.
     for (int k : {1, 2, 4})
       for (int c : {64, 256, 1024})
         cb::register_once(name(d, "cora_spin/K:" + std::to_string(k) + "/C:" + std::to_string(c)), cora_pipelines,
-                          d.index, k, c, 1, spin, false);
+                          d.index, k, c, 1, spin, false, false);
     for (int b : {16, static_cast<int>(cb::env_long("CORA_BENCH_BATCH", 64))})
       for (int k : {1, 4})
         for (int c : {16, 64})
           cb::register_once(
               name(d, "cora_batched/K:" + std::to_string(k) + "/C:" + std::to_string(c) + "/B:" + std::to_string(b)),
-              cora_pipelines, d.index, k, c, b, hybrid, false);
+              cora_pipelines, d.index, k, c, b, hybrid, false, false);
   }
 });
 

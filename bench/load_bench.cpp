@@ -13,9 +13,13 @@
 // call of the entry on the CPU device.
 //
 // Unloading happens outside the timing on both sides: raw unloads synchronously after taking its
-// time; cora unloads a released binary asynchronously on its device-wait threads, and the
-// benchmark waits for that to finish (drain_unloads) before the next timed load, so that the
-// previous unload (dlclose, cuModuleUnload) never runs inside the next load's time.
+// time; cora unloads a released binary asynchronously (on CUDA through the device's unload
+// queue, which a timer of the device-wait pool drains), and the benchmark waits until that queue
+// is empty and its last unload has returned (drain_unloads) before the next timed load, so that
+// the previous unload (dlclose, cuModuleUnload) never runs inside the next load's time.
+//
+// cora_inline (memory only, information): load_binary's own work (recognising the bytes, the
+// checksums, the device load) on the calling thread, without the hand-over to a cora thread.
 //
 // Settings: CORA_BENCH_LOADS (loads per figure, default 200).
 #include <dlfcn.h>
@@ -28,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <thread>
 
 #include <asio/post.hpp>
 
@@ -35,6 +40,8 @@
 
 #include "bench_support.hpp"
 #include "core/binary_format.hpp"
+#include "core/binary_loader.hpp"
+#include "core/state.hpp"
 #include "core/host_pool.hpp"
 #include "cora/detail/cpu_kernel_abi.h"
 #include "io/file_reader.hpp"
@@ -59,10 +66,10 @@ std::vector<std::byte> read_all(const fs::path& p) {
   return out;
 }
 
-/// Returns once every unload that cora had queued has finished: one task per thread of the
-/// device-wait pool (two threads), each waiting for the others, occupies every thread at once,
-/// which happens only after the tasks queued before them are done.
-void drain_unloads() {
+/// Returns once every task queued on the device-wait pool (two threads) before it has run: one
+/// task per thread, each waiting for the others, occupies every thread at once, which happens
+/// only after the tasks queued before them are done.
+void drain_wait_pool() {
   constexpr int threads = 2;  // device_wait_pool()'s
   auto all_there = std::make_shared<std::barrier<>>(threads);
   std::vector<std::future<void>> done;
@@ -75,6 +82,18 @@ void drain_unloads() {
     });
   }
   for (auto& f : done) f.wait();
+}
+
+/// Returns once every unload that cora had queued for `dev` has finished. A dropped module is
+/// first handed to the device-wait pool, which puts it on the device's unload queue (on CUDA);
+/// a timer on the same pool unloads it later, taking it off the queue when it starts. So: the
+/// hand-over done, the queue empty, and the pool drained once more (the unload that emptied the
+/// queue has returned).
+void drain_unloads(cora::device& dev) {
+  drain_wait_pool();
+  const auto st = dev.state();
+  while (st->unloads_pending() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  drain_wait_pool();
 }
 
 /// The image of `kind` in the container, also written to a file in the temporary folder.
@@ -244,11 +263,36 @@ void cora_load(benchmark::State& state, std::size_t index, bool from_file) {
       cora::binary b = from_file ? dev.load_binary(corabin()).wait() : dev.load_binary(std::span<const std::byte>(bytes)).wait();
       lat.add(clk::now() - t0);
       b = {};
-      drain_unloads();
+      drain_unloads(dev);
     }
   }
   lat.report(state);
   state.SetLabel(from_file ? "load_binary(path)" : "load_binary(bytes)");
+}
+
+/// cora's own work of a load from memory, on the calling thread without the hand-over to a
+/// cora thread that load_binary makes on a GPU: recognising the bytes, checking the metadata
+/// and image checksums, and the device load. Read beside `cora` and `raw` it splits cora's
+/// time into its work and its hops (information only).
+void cora_load_inline(benchmark::State& state, std::size_t index) {
+  auto& dev = cb::shared_runtime(cora::completion_policy::hybrid).device(index);
+  const auto bytes = read_all(corabin());
+  const auto st = dev.state();
+  cb::latencies lat;
+  for (auto _ : state) {
+    for (int i = 0; i < loads(); ++i) {
+      std::error_code ec;
+      std::string message;
+      const auto t0 = clk::now();
+      auto b = cora::detail::load_binary_image(st, bytes, {}, ec, message);
+      lat.add(clk::now() - t0);
+      if (ec) throw std::runtime_error(message);
+      b.reset();
+      drain_unloads(dev);
+    }
+  }
+  lat.report(state);
+  state.SetLabel("load_binary's work on the calling thread, no hop (information)");
 }
 
 void cora_first_launch(benchmark::State& state, std::size_t index) {
@@ -263,7 +307,7 @@ void cora_first_launch(benchmark::State& state, std::size_t index) {
       s.launch(b.kernel("empty"), {}).wait();
       lat.add(clk::now() - t0);
       b = {};
-      drain_unloads();
+      drain_unloads(dev);
     }
   }
   lat.report(state);
@@ -282,6 +326,7 @@ const bool registered = cb::at_start([] {
 #endif
       if (d.backend == cora::backend_kind::cpu) cb::register_once(base + "raw", raw_cpu, file);
       cb::register_once(base + "cora", cora_load, d.index, file);
+      if (!file) cb::register_once(base + "cora_inline", cora_load_inline, d.index);
     }
     const std::string first = "load/" + d.tag + "/first_launch/";
 #if defined(CORA_HAS_CUDA)

@@ -145,6 +145,11 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
         r = get(results, f"load/{tag}/{src}/raw", "p50_us")
         ratio_row(f"load_binary from {src}, p50 / raw" + (" dlopen (CPU goal)" if cpu else ""), c, r,
                   1.5 if cpu else 1.2, False, f"{c:.0f} vs {r:.0f} us" if c and r else "")
+    ci = get(results, f"load/{tag}/memory/cora_inline", "p50_us")
+    if ci is not None:
+        r = get(results, f"load/{tag}/memory/raw", "p50_us")
+        ratio_row("load_binary's work without the hop, from memory, p50 / raw (info)", ci, r,
+                  1.5 if cpu else 1.2, False, f"{ci:.0f} vs {r:.0f} us" if r else f"{ci:.0f} us")
     fl = get(results, f"load/{tag}/first_launch/cora", "p50_us")
     fr = get(results, f"load/{tag}/first_launch/raw", "p50_us")
     if fl is not None:

@@ -45,7 +45,9 @@ op_handle failed_op(std::error_code ec, std::string message, stream_state* strea
 /// backend recognised. Reference counted: the user's handle holds one reference and every op in
 /// flight that uses the memory holds one; the memory is freed when the last one goes, so
 /// dropping a handle never frees memory that in-flight work still uses (DESIGN rule 7).
-struct alloc_record {
+/// A cache line of its own: every op on the memory counts its reference here, from any thread,
+/// and two records on one line would make users of unrelated buffers contend.
+struct alignas(64) alloc_record {
   enum class origin : std::uint8_t {
     device,         // backend->alloc
     pinned_direct,  // backend->alloc_host, freed with backend->free_host
@@ -117,7 +119,9 @@ class alloc_table {
   // one that can contain it, since allocations never overlap.
   static constexpr unsigned shard_count = 32;
   static constexpr unsigned granule_shift = 16;
-  struct shard {
+  // Cache-line aligned: each lookup writes its shard's lock word, which must not share a line
+  // with a neighbouring shard's.
+  struct alignas(64) shard {
     mutable std::shared_mutex mutex;
     std::map<std::uintptr_t, alloc_record*> records;
   };
@@ -612,8 +616,9 @@ class binary_state {
   std::shared_ptr<device_state> device;
   std::string format;
   std::vector<backend::kernel_desc> kernels;
-  // The loaded module; created lazily for lazy loads.
-  std::mutex mutex;
+  // The loaded module; created lazily for lazy loads. Every launch takes the lock: on a line
+  // of its own, away from the fields launches only read.
+  alignas(64) std::mutex mutex;
   std::shared_ptr<backend::module> module;  // launches in flight hold it too
   std::vector<std::byte> image;             // kept until the module is loaded (lazy loads)
   backend::image_kind image_kind = backend::image_kind::cpu_elf;
@@ -635,7 +640,10 @@ class binary_state {
   std::shared_ptr<backend::module> module_for_launch(std::error_code& ec);
 };
 
-class kernel_state {
+/// Cache-line aligned: with make_shared its reference counts then sit on a line of their own,
+/// so that the counting every launch does (from any thread) does not evict the fields that
+/// every launch reads.
+class alignas(64) kernel_state {
  public:
   std::shared_ptr<binary_state> binary;  // keeps the module loaded
   const backend::kernel_desc* desc = nullptr;

@@ -542,15 +542,16 @@ class stream_state final : public completion_source {
   /// Advances `completed` past completed markers and releases finished ops' keep-alives.
   bool advance_locked(keep_drop& drop);
 
-  adaptive_mutex submit_mutex_;  // see enqueue_mutex()
-  mutable adaptive_mutex mutex_;  // completion state: everything below but last_seq_, arena_
+  // Submitters write the first line, pollers the second: apart, neither evicts the other's.
+  alignas(64) adaptive_mutex submit_mutex_;  // see enqueue_mutex()
+  std::atomic<std::uint64_t> last_seq_{0};     // written under the submission lock
+  std::atomic<std::uint64_t> last_marked_{0};  // the newest marker's position (same)
+  alignas(64) mutable adaptive_mutex mutex_;  // completion state: everything below but arena_
   // Pollers between taking finished ops' keep-alives (under the lock) and releasing them
   // (after it): a blocking wait that sees its op complete lets them finish, so that what the
   // op held (its buffers, say) is back in the pools when the wait returns.
   std::atomic<unsigned> releasing_{0};
   void settle_releases() const noexcept;
-  std::atomic<std::uint64_t> last_seq_{0};     // written under the submission lock
-  std::atomic<std::uint64_t> last_marked_{0};  // the newest marker's position (same)
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> tail_watch_{0};
   fifo_ring<marker_rec> markers_;

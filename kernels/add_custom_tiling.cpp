@@ -14,8 +14,10 @@ CORA_KERNEL(add_custom)(cora::gm_addr x, cora::gm_addr y, cora::gm_addr z,
   const auto* xs = reinterpret_cast<const cora::half*>(x) + block_length * cora::block_idx();
   const auto* ys = reinterpret_cast<const cora::half*>(y) + block_length * cora::block_idx();
   auto* zs = reinterpret_cast<cora::half*>(z) + block_length * cora::block_idx();
+  // Each tile over the block's threads: contiguous per thread on the CPU device (a loop that
+  // vectorizes), a block-stride loop on a GPU.
   for (std::uint32_t t = 0; t < tile_num * buffer_num; ++t)
-    for (std::uint32_t i = cora::thread_idx(); i < tile_length; i += cora::block_dim()) {
+    for (auto i : cora::block_range(tile_length)) {
       const std::uint32_t k = t * tile_length + i;
       zs[k] = xs[k] + ys[k];
     }

@@ -86,6 +86,13 @@ CORA_KERNEL(block_sum_raw)(const std::uint32_t* in, std::uint64_t n, std::uint64
   if (t == 0) out[cora::block_idx()] = partial[0];
 }
 
+// out[b * per_block + i] += b * per_block + i + 1 for every i in [0, per_block), over the block's
+// threads through block_range: each element must be written exactly once.
+CORA_KERNEL(block_range_mark)(std::uint32_t* out, std::uint32_t per_block) {
+  const std::uint32_t base = cora::block_idx() * per_block;
+  for (auto i : cora::block_range(per_block)) out[base + i] += base + i + 1;
+}
+
 // Sum of in[0, n): out[b] = the sum over the indices grid_range gives block b's threads, so the
 // out[] of all blocks add up to the whole sum. The portable form of a block reduction: each
 // thread sums its part of the grid, then the block reduces through shared memory.

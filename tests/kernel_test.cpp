@@ -1,4 +1,4 @@
-// The portable kernel dialect (include/cora/kernel.hpp) on every device: grid_range, blocks with
+// The portable kernel dialect (include/cora/kernel.hpp) on every device: grid_range, block_range, blocks with
 // threads, the phased form and the barrier fallback.
 #include <cora/cora.hpp>
 
@@ -118,6 +118,25 @@ TEST_P(kernel_test, GridRangeCoversTinyAndEmptyRanges) {
     for (std::uint64_t i = 0; i < 64; ++i)
       ASSERT_EQ(got[i], i < count ? static_cast<std::uint32_t>(i) : 0xffffffffu) << count << " " << i;
   }
+}
+
+TEST_P(kernel_test, BlockRangeGivesEveryIndexOfTheBlockToExactlyOneThread) {
+  // block_range_mark adds j + 1 to out[j] for every index of every block: an index visited
+  // twice shows 2 (j + 1), one never visited shows 0.
+  auto mark = kernels().kernel("block_range_mark");
+  auto s = dev().make_stream();
+  for (const shape& sh : shapes())
+    for (std::uint32_t per_block : {0u, 1u, 5u, 64u, 1000u}) {
+      const std::size_t total = std::size_t{sh.grid} * per_block;
+      auto out = dev().alloc<std::uint32_t>(total + 1);
+      upload(out, std::vector<std::uint32_t>(total + 1, 0));
+      s.launch(mark, {.grid = sh.grid, .block = sh.block}, out.data(), per_block).wait();
+      auto got = download(out, total + 1);
+      for (std::size_t j = 0; j < total; ++j)
+        ASSERT_EQ(got[j], j + 1) << "grid " << sh.grid << ", block " << sh.block << ", "
+                                 << per_block << " per block, index " << j;
+      ASSERT_EQ(got[total], 0u) << "written past the last block";
+    }
 }
 
 // block_sum_*: block b sums in[i] over the indices its threads visit in a grid-stride loop.

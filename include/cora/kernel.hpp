@@ -110,6 +110,34 @@ __device__ inline grid_stride_range<I> grid_range(I n) {
   return {global_idx(), count, global_size()};
 }
 
+/// The indices a block-stride loop visits: thread_idx(), + block_dim(), ... below n.
+template <class I>
+struct block_stride_range {
+  struct sentinel {
+    std::uint64_t last;
+  };
+  struct iterator {
+    std::uint64_t i, stride;
+    __device__ I operator*() const { return static_cast<I>(i); }
+    __device__ iterator& operator++() {
+      i += stride;
+      return *this;
+    }
+    __device__ bool operator!=(const sentinel& s) const { return i < s.last; }
+  };
+  std::uint64_t first_, last_, stride_;
+  __device__ iterator begin() const { return {first_, stride_}; }
+  __device__ sentinel end() const { return {last_}; }
+};
+
+/// Every index in [0, n) once over the threads of this block:
+/// `for (auto i : cora::block_range(n))`.
+template <class I>
+__device__ inline block_stride_range<I> block_range(I n) {
+  const std::uint64_t count = n > I(0) ? static_cast<std::uint64_t>(n) : 0;
+  return {thread_idx(), count, block_dim()};
+}
+
 /// Stops the launch with a device fault.
 [[noreturn]] __device__ inline void trap(const char* = nullptr) {
   __trap();
@@ -323,6 +351,20 @@ inline index_range<I> grid_range(I n) {
     hi = lo + thi;
     lo += tlo;
   }
+  return {static_cast<I>(lo), static_cast<I>(hi)};
+}
+
+/// Every index in [0, n) once over the threads of this block:
+/// `for (auto i : cora::block_range(n))`. On the CPU device, the whole range where the body runs
+/// once for the block, else this thread's contiguous part of it: a plain counted loop that
+/// vectorizes, where a loop stepping by block_dim() would not.
+template <class I>
+inline index_range<I> block_range(I n) {
+  detail::thread_run* r = detail::current;
+  r->asked = true;
+  const std::uint64_t count = n > I(0) ? static_cast<std::uint64_t>(n) : 0;
+  std::uint64_t lo = 0, hi = count;
+  if (!r->whole_block) detail::slice(count, r->block->threads, r->thread, lo, hi);
   return {static_cast<I>(lo), static_cast<I>(hi)};
 }
 

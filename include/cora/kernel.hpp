@@ -83,9 +83,10 @@ __device__ inline void block_threads(F&& f) {
   f(thread_idx());
 }
 
-/// The indices a grid-stride loop visits: global_idx(), + global_size(), ... below n.
+/// The indices a strided loop visits: first, first + stride, ... below last (grid_range's
+/// grid-stride loop, block_range's block-stride loop).
 template <class I>
-struct grid_stride_range {
+struct stride_range {
   struct sentinel {
     std::uint64_t last;
   };
@@ -105,35 +106,15 @@ struct grid_stride_range {
 
 /// Every index in [0, n) once over the whole grid: `for (auto i : cora::grid_range(n))`.
 template <class I>
-__device__ inline grid_stride_range<I> grid_range(I n) {
+__device__ inline stride_range<I> grid_range(I n) {
   const std::uint64_t count = n > I(0) ? static_cast<std::uint64_t>(n) : 0;
   return {global_idx(), count, global_size()};
 }
 
-/// The indices a block-stride loop visits: thread_idx(), + block_dim(), ... below n.
-template <class I>
-struct block_stride_range {
-  struct sentinel {
-    std::uint64_t last;
-  };
-  struct iterator {
-    std::uint64_t i, stride;
-    __device__ I operator*() const { return static_cast<I>(i); }
-    __device__ iterator& operator++() {
-      i += stride;
-      return *this;
-    }
-    __device__ bool operator!=(const sentinel& s) const { return i < s.last; }
-  };
-  std::uint64_t first_, last_, stride_;
-  __device__ iterator begin() const { return {first_, stride_}; }
-  __device__ sentinel end() const { return {last_}; }
-};
-
 /// Every index in [0, n) once over the threads of this block:
 /// `for (auto i : cora::block_range(n))`.
 template <class I>
-__device__ inline block_stride_range<I> block_range(I n) {
+__device__ inline stride_range<I> block_range(I n) {
   const std::uint64_t count = n > I(0) ? static_cast<std::uint64_t>(n) : 0;
   return {thread_idx(), count, block_dim()};
 }

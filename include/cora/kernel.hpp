@@ -316,23 +316,35 @@ inline void slice(std::uint64_t n, std::uint64_t parts, std::uint64_t part, std:
 
 }  // namespace detail
 
-/// Every index in [0, n) once over the whole grid: `for (auto i : cora::grid_range(n))`. On
-/// the CPU device, this block's (or this thread's) contiguous slice.
+namespace detail {
+
+// The part of [lo, hi) that the running body stands for: all of it where the body runs once for
+// the whole block, else the running thread's contiguous share. Marks the body as having asked
+// for a per-thread value.
 template <class I>
-inline index_range<I> grid_range(I n) {
-  detail::thread_run* r = detail::current;
+inline index_range<I> thread_part(std::uint64_t lo, std::uint64_t hi) {
+  thread_run* r = current;
   r->asked = true;
-  const detail::block_run* b = r->block;
-  const std::uint64_t count = n > I(0) ? static_cast<std::uint64_t>(n) : 0;
-  std::uint64_t lo, hi;
-  detail::slice(count, b->launch.block_count, b->launch.block_index, lo, hi);
   if (!r->whole_block) {
     std::uint64_t tlo, thi;
-    detail::slice(hi - lo, b->threads, r->thread, tlo, thi);
+    slice(hi - lo, r->block->threads, r->thread, tlo, thi);
     hi = lo + thi;
     lo += tlo;
   }
   return {static_cast<I>(lo), static_cast<I>(hi)};
+}
+
+}  // namespace detail
+
+/// Every index in [0, n) once over the whole grid: `for (auto i : cora::grid_range(n))`. On
+/// the CPU device, this block's (or this thread's) contiguous slice.
+template <class I>
+inline index_range<I> grid_range(I n) {
+  const detail::block_run* b = detail::current->block;
+  const std::uint64_t count = n > I(0) ? static_cast<std::uint64_t>(n) : 0;
+  std::uint64_t lo, hi;
+  detail::slice(count, b->launch.block_count, b->launch.block_index, lo, hi);
+  return detail::thread_part<I>(lo, hi);
 }
 
 /// Every index in [0, n) once over the threads of this block:
@@ -341,12 +353,7 @@ inline index_range<I> grid_range(I n) {
 /// vectorizes, where a loop stepping by block_dim() would not.
 template <class I>
 inline index_range<I> block_range(I n) {
-  detail::thread_run* r = detail::current;
-  r->asked = true;
-  const std::uint64_t count = n > I(0) ? static_cast<std::uint64_t>(n) : 0;
-  std::uint64_t lo = 0, hi = count;
-  if (!r->whole_block) detail::slice(count, r->block->threads, r->thread, lo, hi);
-  return {static_cast<I>(lo), static_cast<I>(hi)};
+  return detail::thread_part<I>(0, n > I(0) ? static_cast<std::uint64_t>(n) : 0);
 }
 
 /// Runs one phase of a phased kernel: f(t) for each thread t of the block, as one inner loop.

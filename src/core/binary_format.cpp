@@ -342,7 +342,7 @@ bool check_corabin_image_kind(const corabin_image& image, std::error_code& ec, s
 }
 
 bool verify_corabin_image(const corabin_image& image, std::error_code& ec, std::string& message) {
-  if (image.bytes.size() != image.size || image.load_size > image.size)
+  if (image.bytes.size() != image.size)
     return fail(ec, message, "corabin image " + std::to_string(image.index) + " fails its checksum");
   const std::uint64_t whole = image_checksum(image.bytes);
   // Where the loaded part is the whole image (GPU images), one pass checks both sums.

@@ -3,6 +3,8 @@
 // fatbin (from memory; from a file: read the fatbin file, then load it). Raw on the CPU
 // device: the shared object written to a memory file and dlopen-ed (memory), or dlopen of the
 // shared object on disk (file). Load latency only; unloading happens outside the timing.
+// The raw GPU side loads into a context that holds no other module of the same image: a
+// resident copy lets the driver share what it parsed (42 us a load instead of 149 on the H100).
 // raw_eager (GPU): the memory load followed by what cora does before a load completes: every
 // function loaded (the driver loads lazily by default), its parameters' layout and two
 // attributes read.
@@ -19,7 +21,9 @@
 // the previous unload (dlclose, cuModuleUnload) never runs inside the next load's time.
 //
 // cora_inline (memory only, information): load_binary's own work (recognising the bytes, the
-// checksums, the device load) on the calling thread, without the hand-over to a cora thread.
+// checksums, the device load) called directly on the calling thread. load_binary itself loads
+// there too while the device is idle (on a GPU: while cora's streams are idle, see
+// device_state::run_when_idle), so the two differ by the pending's bookkeeping alone.
 //
 // Settings: CORA_BENCH_LOADS (loads per figure, default 200).
 #include <dlfcn.h>
@@ -68,20 +72,20 @@ std::vector<std::byte> read_all(const fs::path& p) {
 
 /// Returns once every task queued on the device-wait pool (two threads) before it has run: one
 /// task per thread, each waiting for the others, occupies every thread at once, which happens
-/// only after the tasks queued before them are done.
+/// only after the tasks queued before them are done. Polls rather than sleeps, as the raw
+/// side's thread never sleeps between its loads: a thread that slept meets the next load on a
+/// cold core (on the H100 that alone cost cora about 50 us a load).
 void drain_wait_pool() {
   constexpr int threads = 2;  // device_wait_pool()'s
   auto all_there = std::make_shared<std::barrier<>>(threads);
-  std::vector<std::future<void>> done;
+  auto done = std::make_shared<std::atomic<int>>(0);
   for (int i = 0; i < threads; ++i) {
-    auto p = std::make_shared<std::promise<void>>();
-    done.push_back(p->get_future());
-    asio::post(cora::detail::device_wait_pool(), [all_there, p] {
+    asio::post(cora::detail::device_wait_pool(), [all_there, done] {
       all_there->arrive_and_wait();
-      p->set_value();
+      done->fetch_add(1, std::memory_order_release);
     });
   }
-  for (auto& f : done) f.wait();
+  while (done->load(std::memory_order_acquire) < threads) std::this_thread::yield();
 }
 
 /// Returns once every unload that cora had queued for `dev` has finished. A dropped module is
@@ -92,7 +96,7 @@ void drain_wait_pool() {
 void drain_unloads(cora::device& dev) {
   drain_wait_pool();
   const auto st = dev.state();
-  while (st->unloads_pending() > 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  while (st->unloads_pending() > 0) std::this_thread::yield();
   drain_wait_pool();
 }
 
@@ -179,7 +183,7 @@ void raw_cpu_first_launch(benchmark::State& state) {
 #if defined(CORA_HAS_CUDA)
 void raw_gpu_first_launch(benchmark::State& state, std::size_t ordinal) {
   image img(cora::detail::binary_kind::cuda_fatbin);
-  cb::raw_cuda r(ordinal, img.bytes);
+  cb::raw_cuda r(ordinal);
   auto& a = r.api();
   CUstream s = r.make_stream();
   cb::latencies lat;
@@ -226,7 +230,7 @@ void load_functions(const cb::raw_cuda& r, CUmodule m) {
 
 void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool eager) {
   image img(cora::detail::binary_kind::cuda_fatbin);
-  cb::raw_cuda r(ordinal, img.bytes);
+  cb::raw_cuda r(ordinal);
   cb::latencies lat;
   for (auto _ : state) {
     for (int i = 0; i < loads(); ++i) {

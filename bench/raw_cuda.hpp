@@ -36,10 +36,12 @@ inline std::vector<std::byte> fatbin_of(const std::filesystem::path& corabin) {
   throw std::runtime_error("no fatbin in " + corabin.string());
 }
 
-/// Device `ordinal`'s primary context and one loaded module.
+/// Device `ordinal`'s primary context and, unless made with no image, one loaded module.
 class raw_cuda {
  public:
-  raw_cuda(std::size_t ordinal, const std::vector<std::byte>& fatbin) {
+  /// The context alone: for measuring loads, where a resident module of the same image would
+  /// let the driver share its parsed copy.
+  explicit raw_cuda(std::size_t ordinal) {
     std::string reason;
     api_ = cu::driver(reason);
     if (!api_) throw std::runtime_error(reason);
@@ -47,6 +49,8 @@ class raw_cuda {
     check(api().cuDeviceGet(&dev_, static_cast<int>(ordinal)), "cuDeviceGet");
     check(api().cuDevicePrimaryCtxRetain(&ctx_, dev_), "cuDevicePrimaryCtxRetain");
     bind();
+  }
+  raw_cuda(std::size_t ordinal, const std::vector<std::byte>& fatbin) : raw_cuda(ordinal) {
     check(api().cuModuleLoadDataEx(&module_, fatbin.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
     if (!api().cuModuleGetFunctionCount) throw std::runtime_error("driver without cuModuleEnumerateFunctions");
     unsigned count = 0;
@@ -60,7 +64,7 @@ class raw_cuda {
   }
   ~raw_cuda() {
     bind();
-    api().cuModuleUnload(module_);
+    if (module_) api().cuModuleUnload(module_);
     api().cuDevicePrimaryCtxRelease(dev_);
   }
   raw_cuda(const raw_cuda&) = delete;

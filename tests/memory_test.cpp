@@ -14,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -115,6 +117,55 @@ TEST_P(memory_test, NoResourceCallWaitsForAnUnrelatedKernel) {
   dev().trim_memory();
 
   EXPECT_EQ(sp.state(), 0u) << "a call waited for the spinning kernel";
+  sp.release();
+  sp.run.wait();
+  EXPECT_EQ(sp.state(), 1u);
+}
+
+// The driver's module load waits for the device's running kernels: load_binary hands it to a
+// cora thread, so the call returns while an unrelated kernel spins, and its binary comes once
+// the driver lets the load through.
+TEST_P(memory_test, LoadBinaryReturnsWhileAKernelRuns) {
+  std::vector<std::byte> bytes;
+  {
+    std::ifstream in(kernel_file("test_kernels.corabin"), std::ios::binary);
+    std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes.resize(c.size());
+    std::memcpy(bytes.data(), c.data(), c.size());
+  }
+  ASSERT_FALSE(bytes.empty());
+  auto sp = spin();
+  auto from_memory = dev().load_binary(std::span<const std::byte>(bytes));
+  auto from_file = dev().load_binary(kernel_file("test_kernels.corabin"));
+  EXPECT_EQ(sp.state(), 0u) << "load_binary waited for the spinning kernel";
+  // Copies on another stream over a spread of time: a load that holds the driver meanwhile
+  // would hold them too.
+  auto other = dev().make_stream();
+  auto h = dev().alloc_host<std::uint8_t>(4096);
+  auto d = dev().alloc<std::uint8_t>(4096);
+  for (int i = 0; i < 200; ++i) {
+    h[0] = static_cast<std::uint8_t>(i);
+    (void)other.copy(d, h);
+    other.copy(h, d).wait();
+    ASSERT_EQ(h[0], static_cast<std::uint8_t>(i));
+  }
+  EXPECT_EQ(sp.state(), 0u) << "a copy waited behind a load";
+  sp.release();
+  sp.run.wait();
+  EXPECT_EQ(sp.state(), 1u);
+  EXPECT_TRUE(static_cast<bool>(from_memory.wait().kernel("add_f32")));
+  EXPECT_TRUE(static_cast<bool>(from_file.wait().kernel("add_f32")));
+}
+
+// A kernel's first lookup resolves it in the driver (its code, parameters and attributes); a
+// lookup made while an unrelated kernel spins does not wait for it.
+TEST_P(memory_test, FirstLookupsDoNotWaitForAnUnrelatedKernel) {
+  auto b = dev().load_binary(kernel_file("test_kernels.corabin")).wait();
+  auto sp = spin();
+  for (const char* name : {"empty", "add_f32", "iota_u32"}) {
+    EXPECT_TRUE(static_cast<bool>(b.kernel(name))) << name;
+    EXPECT_EQ(sp.state(), 0u) << "the first lookup of " << name << " waited for the spinning kernel";
+  }
   sp.release();
   sp.run.wait();
   EXPECT_EQ(sp.state(), 1u);

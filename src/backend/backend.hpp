@@ -310,6 +310,10 @@ class device {
   /// threads' driver calls meanwhile (cuModuleUnload): the core then unloads only while its
   /// streams are idle.
   virtual bool unload_waits() const noexcept { return false; }
+  /// True where loading a module waits for the device's running work and holds other
+  /// threads' driver calls meanwhile (cuModuleLoadDataEx): the core then loads only while its
+  /// streams are idle (device_state::run_when_idle).
+  virtual bool load_waits() const noexcept { return false; }
   /// device_lost once the device is lost (pooled streams are then no longer handed out).
   virtual std::error_code health() const noexcept { return {}; }
   /// Describes memory cora did not allocate.

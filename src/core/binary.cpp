@@ -340,14 +340,26 @@ struct file_load : std::enable_shared_from_this<file_load> {
     auto run = [self = shared_from_this(), bytes] {
       std::error_code ec;
       std::string message;
-      auto b = load_planned(self->dev, self->plan, std::span(bytes, self->plan.part_size),
-                            self->options, ec, message);
+      if (self->dev->shut_down.load(std::memory_order_acquire))
+        return self->fail(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
+      std::shared_ptr<binary_state> b;
+      try {
+        b = load_planned(self->dev, self->plan, std::span(bytes, self->plan.part_size),
+                         self->options, ec, message);
+      } catch (...) {
+        ec = std::make_error_code(std::errc::not_enough_memory);
+        message = "out of memory while loading the image";
+      }
       if (ec) return self->fail_load(ec, message);
       self->done({}, {}, std::move(b));
     };
     // The CPU device's load (a checksum pass and a dlopen of a small file) runs here, on the
-    // I/O thread; a GPU load calls the driver, which may wait for the whole device.
-    if (loads_inline(*dev, plan.part_size))
+    // I/O thread. A GPU load calls the driver, which waits for the device's running kernels
+    // and holds other threads' driver calls meanwhile: it runs while cora's streams are idle,
+    // here if they are now (a short driver call on a cora thread), else once they are.
+    if (dev->backend->load_waits())
+      dev->run_when_idle(std::move(run), true);
+    else if (loads_inline(*dev, plan.part_size))
       run();
     else
       asio::post(host_pool(), std::move(run));

@@ -19,14 +19,15 @@ class binary_state;
 class device_state;
 class kernel_state;
 
-/// In-memory and file loads of CPU images up to this size complete without a hop to the host
-/// pool: the work is a checksum pass and a dlopen of the loadable part, well under a
-/// millisecond, less than a hop.
+/// In-memory and file loads of images up to this size complete without a hop to the host
+/// pool: the work is a checksum pass and a dlopen of the loadable part, or a driver load on an
+/// idle GPU, well under a millisecond, less than a hop.
 inline constexpr std::size_t inline_cpu_load_bytes = std::size_t{4} << 20;
 
-/// Whether loading an image of `image_bytes` on `dev` may run on the thread at hand: on the CPU
-/// device, for images up to inline_cpu_load_bytes. A GPU load calls the driver, which may wait
-/// for the device: never on a caller's or the I/O thread.
+/// Whether loading an image of `image_bytes` on `dev` may run on the thread at hand whatever the
+/// device is doing: on the CPU device, for images up to inline_cpu_load_bytes. A GPU load calls
+/// the driver, which waits for the device's running kernels (backend load_waits()): it runs
+/// through device_state::run_when_idle, on the thread at hand only while the device is idle.
 bool loads_inline(const device_state& dev, std::size_t image_bytes) noexcept;
 
 /// What a load will do: which image of the bytes it loads, and what it checks it against.
@@ -50,8 +51,9 @@ bool plan_load(device_state& dev, std::span<const std::byte> head, std::uint64_t
 bool full_cpu_images() noexcept;
 
 /// Loads the planned image, `image` being the bytes of its part (plan.part_size of them, from
-/// plan.image.offset; valid for the call only): checks it against its checksum and the metadata, then loads it (blocking on a
-/// GPU: call it off the caller's executor, see loads_inline).
+/// plan.image.offset; valid for the call only): checks it against its checksum and the
+/// metadata, then loads it (on a GPU the driver waits for running kernels: call it through
+/// device_state::run_when_idle, see loads_inline).
 std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
                                            std::span<const std::byte> image,
                                            const load_options& options, std::error_code& ec,

@@ -240,8 +240,51 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
     }
     return handle();
   }
-  // A GPU load calls into the driver, which may wait for the whole device: never on the
-  // caller's executor.
+  // A GPU load calls the driver, which waits for the device's running kernels and holds other
+  // threads' copies and launches meanwhile: it runs while cora's streams are idle, here when
+  // they are now (a small image, straight from the caller's bytes), else on a cora thread once
+  // the work in flight has finished.
+  if (dev->backend->load_waits()) {
+    if (image.size() <= detail::inline_cpu_load_bytes && dev->streams_idle()) {
+      std::shared_ptr<detail::binary_state> b;
+      if (dev->run_while_idle([&] { b = detail::load_planned(dev, plan, image, options, ec, message); })) {
+        if (ec) {
+          st->complete(ec, message);
+        } else {
+          st->set_value(binary(std::move(b)));
+          st->complete({});
+        }
+        return handle();
+      }
+    }
+    auto* d = dev.get();
+    d->run_when_idle(
+        [dev = std::move(dev), st, copy = std::vector<std::byte>(image.begin(), image.end()),
+         plan = std::move(plan), options]() mutable {
+          std::error_code e;
+          std::string m;
+          if (dev->shut_down.load(std::memory_order_acquire)) {
+            st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
+            return;
+          }
+          std::shared_ptr<detail::binary_state> b;
+          try {
+            b = detail::load_planned(dev, plan, copy, options, e, m);
+          } catch (...) {
+            e = std::make_error_code(std::errc::not_enough_memory);
+            m = "out of memory while loading the image";
+          }
+          if (e) {
+            st->complete(e, m);
+            return;
+          }
+          st->set_value(binary(std::move(b)));
+          st->complete({});
+        },
+        false);
+    return handle();
+  }
+  // A large CPU image loads on a cora thread.
   asio::post(detail::host_pool(), [dev = std::move(dev), st, copy = std::vector<std::byte>(image.begin(), image.end()),
                                    plan = std::move(plan), options]() mutable {
     std::error_code e;

@@ -729,12 +729,12 @@ bool device_state::streams_idle() {
   return true;
 }
 
-bool device_state::unload_one_while_idle() {
+bool device_state::run_while_idle(const std::function<void()>& fn) {
   // Every stream's submission lock, taken without waiting (a holder may be submitting: then
   // this round gives way). Holding them all, and the list's lock so that no new stream
-  // appears, no cora work can start: a device seen idle stays idle for cora's part while the
-  // module unloads. Raw pointers: a listed stream's destructor has drained it and needs the
-  // list's lock (remove_stream) to finish, so it is still whole until that lock is let go.
+  // appears, no cora work can start: a device seen idle stays idle for cora's part while `fn`
+  // runs. Raw pointers: a listed stream's destructor has drained it and needs the list's lock
+  // (remove_stream) to finish, so it is still whole until that lock is let go.
   std::lock_guard list(streams_mutex_);
   std::vector<stream_state*> held;
   held.reserve(streams_.size());
@@ -750,9 +750,91 @@ bool device_state::unload_one_while_idle() {
       break;
     }
   }
-  if (idle) take_oldest_unload().reset();  // the unload: on an idle device it waits for no kernel
+  try {
+    if (idle) fn();
+  } catch (...) {
+    for (stream_state* s : held) s->enqueue_mutex().unlock();
+    throw;
+  }
   for (stream_state* s : held) s->enqueue_mutex().unlock();
   return idle;
+}
+
+bool device_state::unload_one_while_idle() {
+  // The unload: on an idle device it waits for no kernel.
+  return run_while_idle([this] { take_oldest_unload().reset(); });
+}
+
+namespace {
+
+/// run_when_idle's state: first a wait for the work in flight at the call (one node per
+/// stream), then tries on a cora thread until the device is seen idle.
+struct idle_gate {
+  struct node : wait_node {
+    idle_gate* owner = nullptr;
+  };
+  idle_gate(std::shared_ptr<device_state> d, std::function<void()> f,
+            std::vector<intrusive_ptr<stream_state>> s)
+      : dev(std::move(d)), fn(std::move(f)), streams(std::move(s)), nodes(streams.size()),
+        remaining(streams.size() + 1) {}
+  std::shared_ptr<device_state> dev;
+  std::function<void()> fn;
+  std::vector<intrusive_ptr<stream_state>> streams;
+  std::vector<node> nodes;
+  std::atomic<std::size_t> remaining;
+  int tries = 0;
+  std::unique_ptr<asio::steady_timer> timer;
+
+  // Whatever the result of the awaited work (a fault is its stream's to report), the gate
+  // opens; on the detecting thread, so the tries go to a cora thread.
+  static void on_complete(wait_node& n, bool) noexcept { static_cast<node&>(n).owner->arrive(); }
+  void arrive() noexcept {
+    if (remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    streams.clear();
+    try {
+      asio::post(host_pool(), [this] { attempt(); });
+    } catch (...) {
+      finish(true);  // no memory to post: run here rather than never
+    }
+  }
+  void attempt() noexcept {
+    // After shutdown fn runs at once and reports it.
+    if (dev->shut_down.load(std::memory_order_acquire)) return finish(true);
+    bool ran = false;
+    try {
+      ran = dev->streams_idle() && dev->run_while_idle(fn);
+    } catch (...) {
+    }
+    if (ran) return finish(false);
+    if (++tries >= device_state::idle_gate_tries) return finish(true);
+    try {
+      if (!timer) timer = std::make_unique<asio::steady_timer>(host_pool().get_executor());
+      timer->expires_after(std::chrono::milliseconds(1));
+      timer->async_wait([this](const std::error_code&) { attempt(); });
+    } catch (...) {
+      finish(true);
+    }
+  }
+  void finish(bool run) noexcept {
+    if (run) fn();
+    delete this;
+  }
+};
+
+}  // namespace
+
+void device_state::run_when_idle(std::function<void()> fn, bool here) {
+  if (here && streams_idle() && run_while_idle(fn)) return;
+  auto list = streams();
+  auto* gate = new idle_gate(shared_from_this(), std::move(fn), std::move(list));
+  for (std::size_t i = 0; i < gate->streams.size(); ++i) {
+    auto& n = gate->nodes[i];
+    n.owner = gate;
+    n.on_complete = &idle_gate::on_complete;
+    stream_state& s = *gate->streams[i];
+    if (!s.arm(n, s.last_position(), nullptr)) idle_gate::on_complete(n, false);
+  }
+  gate->arrive();
 }
 
 void device_state::drain_unloads() noexcept {

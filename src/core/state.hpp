@@ -210,6 +210,20 @@ class device_state : public std::enable_shared_from_this<device_state> {
   void unload_later(std::unique_ptr<backend::module> m) noexcept;
   /// Modules waiting for their unload.
   std::size_t unloads_pending() const noexcept;
+  /// Runs `fn`, a driver call that waits for the device's running kernels and holds other
+  /// threads' driver calls meanwhile (CUDA's module load), where it waits for no cora kernel:
+  /// once the work in flight on this device's streams at the call has finished, while every
+  /// stream is idle with its submission lock held. On the calling thread when the device is
+  /// idle now and `here` is true; else on a cora thread. When new work keeps the streams busy,
+  /// `fn` runs after idle_gate_tries tries anyway (waiting for that newer work only). `fn`
+  /// must not throw.
+  void run_when_idle(std::function<void()> fn, bool here);
+  static constexpr int idle_gate_tries = 64;  // about 64 ms of new work, 1 ms apart
+  /// True if no stream of this device has cora work in flight (polls those that may).
+  bool streams_idle();
+  /// Runs `fn` if every stream's submission lock is free and every stream is idle, with the
+  /// locks held (no cora work starts meanwhile); false, `fn` not run, if not.
+  bool run_while_idle(const std::function<void()>& fn);
 
   /// Fills the stream pool and the first pinned slab on a cora thread (called once the device
   /// is owned by a shared_ptr), so that the first calls find them ready.
@@ -264,10 +278,7 @@ class device_state : public std::enable_shared_from_this<device_state> {
   void drain_unloads() noexcept;
   /// Takes the oldest queued module (null if none).
   std::unique_ptr<backend::module> take_oldest_unload() noexcept;
-  /// True if no stream of this device has cora work in flight (polls those that may).
-  bool streams_idle();
-  /// Unloads the oldest queued module if every stream's submission lock is free and every
-  /// stream is idle; false if not.
+  /// Unloads the oldest queued module if the device is idle (run_while_idle); false if not.
   bool unload_one_while_idle();
   mutable std::mutex unload_mutex_;
   std::deque<pending_unload> unloads_;
@@ -470,6 +481,8 @@ class stream_state final : public completion_source {
   /// Keeps `keep` alive until everything enqueued so far has completed (stream::free).
   void keep_until_tail(op_keep keep);
   std::uint64_t completed_position() const noexcept { return completed_.load(std::memory_order_acquire); }
+  /// The position of the last op enqueued so far.
+  std::uint64_t last_position() const noexcept { return last_seq_.load(std::memory_order_acquire); }
   staging_arena& arena() noexcept { return arena_; }
 
   /// Records a marker right after op `seq` if it is still the last op and has none.

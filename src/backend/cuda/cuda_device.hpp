@@ -54,6 +54,7 @@ class cuda_device final : public device {
   std::unique_ptr<stream> adopt_stream(void* native, marker_wakeup wakeup, std::error_code& ec) override;
   bool pool_streams() const noexcept override { return true; }
   bool unload_waits() const noexcept override { return true; }
+  bool load_waits() const noexcept override { return true; }
   std::error_code health() const noexcept override;
   bool owns_address(const void*) const noexcept override { return false; }
   void copy_sync(void* dst, const void* src, std::size_t bytes, std::error_code& ec) override;

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <thread>
 #include <vector>
@@ -169,6 +170,60 @@ TEST_P(memory_test, FirstLookupsDoNotWaitForAnUnrelatedKernel) {
   sp.release();
   sp.run.wait();
   EXPECT_EQ(sp.state(), 1u);
+}
+
+// device_state::run_when_idle, the gate of GPU loads (the CPU device does not need it, so it is
+// called directly here): on an idle device it runs the call at once on the calling thread, with
+// every stream's submission lock held.
+TEST_P(memory_test, RunWhenIdleRunsHereOnAnIdleDevice) {
+  auto s = dev().make_stream();
+  s.synchronize().wait();
+  const auto st = dev().state();
+  bool ran = false, locked = false;
+  const auto caller = std::this_thread::get_id();
+  std::thread::id where;
+  st->run_when_idle(
+      [&] {
+        ran = true;
+        where = std::this_thread::get_id();
+        locked = !s.state()->enqueue_mutex().try_lock();
+        if (!locked) s.state()->enqueue_mutex().unlock();
+      },
+      true);
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(where, caller);
+  EXPECT_TRUE(locked) << "the stream's submission lock was free while the call ran";
+}
+
+// With a kernel in flight, the call waits for it (on no thread), then runs on a cora thread;
+// the caller returns at once.
+TEST_P(memory_test, RunWhenIdleWaitsForTheWorkInFlight) {
+  auto sp = spin();
+  const auto st = dev().state();
+  // Shared with the call, which may outlive a failed test.
+  struct seen {
+    std::atomic<bool> ran{false};
+    std::atomic<std::uint32_t> kernel_state{0};
+    std::promise<std::thread::id> where;
+  };
+  auto seen_by_call = std::make_shared<seen>();
+  auto where_f = seen_by_call->where.get_future();
+  st->run_when_idle(
+      [seen_by_call, done = sp.done.data()] {
+        seen_by_call->kernel_state = __atomic_load_n(done, __ATOMIC_ACQUIRE);
+        seen_by_call->ran = true;
+        seen_by_call->where.set_value(std::this_thread::get_id());
+      },
+      true);
+  EXPECT_FALSE(seen_by_call->ran.load()) << "the call ran while the kernel was in flight";
+  EXPECT_EQ(sp.state(), 0u);
+  sp.release();
+  sp.run.wait();
+  // A liveness bound only: the call follows the kernel's end.
+  ASSERT_EQ(where_f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_NE(where_f.get(), std::this_thread::get_id());
+  const std::uint32_t kernel_state_then = seen_by_call->kernel_state.load();
+  EXPECT_EQ(kernel_state_then, 1u) << "the call ran before the kernel had finished";
 }
 
 // Unloading a module waits for the device's running kernels, and on CUDA it holds other

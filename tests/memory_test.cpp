@@ -226,6 +226,24 @@ TEST_P(memory_test, RunWhenIdleWaitsForTheWorkInFlight) {
   EXPECT_EQ(kernel_state_then, 1u) << "the call ran before the kernel had finished";
 }
 
+// Asked for by a host function that then waits for it, the call does not wait for the host
+// function's own stream (that wait would never end): it runs once the tries for an idle device
+// give up.
+TEST_P(memory_test, RunWhenIdleFromAHostFunctionThatWaitsForItEnds) {
+  auto s = dev().make_stream();
+  const auto st = dev().state();
+  auto outcome = std::make_shared<std::atomic<int>>(0);  // 1 ran, 2 timed out
+  s.host_func([st, outcome] {
+     auto done = std::make_shared<std::promise<void>>();
+     auto f = done->get_future();
+     const auto* h = detail::host_func_scope::current();
+     st->run_when_idle([done] { done->set_value(); }, true, h ? h->stream : nullptr);
+     // A liveness bound only.
+     *outcome = f.wait_for(std::chrono::seconds(20)) == std::future_status::ready ? 1 : 2;
+   }).wait();
+  EXPECT_EQ(outcome->load(), 1) << "the call waited for the host function that waits for it";
+}
+
 // Unloading a module waits for the device's running kernels, and on CUDA it holds other
 // threads' copies and launches meanwhile. A binary dropped while a kernel runs must therefore
 // not be unloaded then: copies made afterwards on another stream complete while the kernel

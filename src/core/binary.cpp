@@ -284,6 +284,8 @@ struct file_load : std::enable_shared_from_this<file_load> {
   }
 
   std::filesystem::path file_path;
+  // The stream of the host function that asked for the load, if any (see run_when_idle).
+  const stream_state* host_func_stream = nullptr;
 
   void start() {
     file_parts::open(file_path, [self = shared_from_this()](std::error_code ec, std::string message,
@@ -358,7 +360,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
     // and holds other threads' driver calls meanwhile: it runs while cora's streams are idle,
     // here if they are now (a short driver call on a cora thread), else once they are.
     if (dev->backend->load_waits())
-      dev->run_when_idle(std::move(run), true);
+      dev->run_when_idle(std::move(run), true, host_func_stream);
     else if (loads_inline(*dev, plan.part_size))
       run();
     else
@@ -387,6 +389,8 @@ void load_binary_file(std::shared_ptr<device_state> dev, const std::filesystem::
   l->options = options;
   l->done = std::move(done);
   l->file_path = path;
+  if (const host_func_scope* h = host_func_scope::current(); h && h->device == l->dev.get())
+    l->host_func_stream = h->stream;
   l->start();
 }
 

@@ -258,6 +258,8 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
       }
     }
     auto* d = dev.get();
+    const detail::host_func_scope* h = detail::host_func_scope::current();
+    const detail::stream_state* host_func_stream = h && h->device == d ? h->stream : nullptr;
     d->run_when_idle(
         [dev = std::move(dev), st, copy = std::vector<std::byte>(image.begin(), image.end()),
          plan = std::move(plan), options]() mutable {
@@ -281,7 +283,7 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
           st->set_value(binary(std::move(b)));
           st->complete({});
         },
-        false);
+        false, host_func_stream);
     return handle();
   }
   // A large CPU image loads on a cora thread.

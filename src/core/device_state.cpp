@@ -823,7 +823,7 @@ struct idle_gate {
 
 }  // namespace
 
-void device_state::run_when_idle(std::function<void()> fn, bool here) {
+void device_state::run_when_idle(std::function<void()> fn, bool here, const stream_state* except) {
   if (here && streams_idle() && run_while_idle(fn)) return;
   auto list = streams();
   auto* gate = new idle_gate(shared_from_this(), std::move(fn), std::move(list));
@@ -832,7 +832,7 @@ void device_state::run_when_idle(std::function<void()> fn, bool here) {
     n.owner = gate;
     n.on_complete = &idle_gate::on_complete;
     stream_state& s = *gate->streams[i];
-    if (!s.arm(n, s.last_position(), nullptr)) idle_gate::on_complete(n, false);
+    if (&s == except || !s.arm(n, s.last_position(), nullptr)) idle_gate::on_complete(n, false);
   }
   gate->arrive();
 }

@@ -216,8 +216,10 @@ class device_state : public std::enable_shared_from_this<device_state> {
   /// stream is idle with its submission lock held. On the calling thread when the device is
   /// idle now and `here` is true; else on a cora thread. When new work keeps the streams busy,
   /// `fn` runs after idle_gate_tries tries anyway (waiting for that newer work only). `fn`
-  /// must not throw.
-  void run_when_idle(std::function<void()> fn, bool here);
+  /// must not throw. `except`: a stream whose work in flight is not waited for, that of the
+  /// host function that asked for the call (which may wait for it: waiting for its own stream
+  /// would never end); null if none.
+  void run_when_idle(std::function<void()> fn, bool here, const stream_state* except = nullptr);
   static constexpr int idle_gate_tries = 64;  // about 64 ms of new work, 1 ms apart
   /// True if no stream of this device has cora work in flight (polls those that may).
   bool streams_idle();

@@ -140,9 +140,13 @@ class device {
 
   /// Loads a kernel binary from a file: read without blocking the caller's executor, then
   /// loaded off it. Accepts .corabin containers, CPU kernel images and (on CUDA devices)
-  /// cubin, fatbin and PTX. File errors carry the path in their message.
+  /// cubin, fatbin and PTX. File errors carry the path in their message. On a GPU the load
+  /// runs while cora's streams are idle (the driver's load waits for running kernels and holds
+  /// other threads' calls meanwhile): at once when they are, else after the work in flight.
   pending<binary> load_binary(const std::filesystem::path& path, const load_options& options = {});
-  /// Loads a kernel binary from memory (the bytes are copied; no temporary files).
+  /// Loads a kernel binary from memory (the bytes are read during the call only; no temporary
+  /// files). A small image loads on the calling thread when the device is idle (on a GPU:
+  /// cora's streams), else on a cora thread once the work in flight has finished.
   pending<binary> load_binary(std::span<const std::byte> bytes, const load_options& options = {});
 
   /// Returns an awaitable that completes when all work enqueued so far on every stream of this

@@ -213,6 +213,17 @@ cora::event device::make_event(const event_options& options) {
 
 namespace {
 
+/// Completes a load's state with its binary, or with its error.
+void deliver(detail::async_state<binary>& st, std::error_code ec, const std::string& message,
+             std::shared_ptr<detail::binary_state> b) {
+  if (ec) {
+    st.complete(ec, message);
+    return;
+  }
+  st.set_value(binary(std::move(b)));
+  st.complete({});
+}
+
 pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
                             detail::intrusive_ptr<detail::async_state<binary>> st,
                             std::span<const std::byte> bytes, const load_options& options) {
@@ -232,12 +243,7 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
   if (detail::loads_inline(*dev, image.size())) {
     // A small CPU image loads on the calling thread, straight from the caller's bytes.
     auto b = detail::load_planned(dev, plan, image, options, ec, message);
-    if (ec) {
-      st->complete(ec, message);
-    } else {
-      st->set_value(binary(std::move(b)));
-      st->complete({});
-    }
+    deliver(*st, ec, message, std::move(b));
     return handle();
   }
   // A GPU load calls the driver, which waits for the device's running kernels and holds other
@@ -248,12 +254,7 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
     if (image.size() <= detail::inline_cpu_load_bytes && dev->streams_idle()) {
       std::shared_ptr<detail::binary_state> b;
       if (dev->run_while_idle([&] { b = detail::load_planned(dev, plan, image, options, ec, message); })) {
-        if (ec) {
-          st->complete(ec, message);
-        } else {
-          st->set_value(binary(std::move(b)));
-          st->complete({});
-        }
+        deliver(*st, ec, message, std::move(b));
         return handle();
       }
     }
@@ -276,12 +277,7 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
             e = std::make_error_code(std::errc::not_enough_memory);
             m = "out of memory while loading the image";
           }
-          if (e) {
-            st->complete(e, m);
-            return;
-          }
-          st->set_value(binary(std::move(b)));
-          st->complete({});
+          deliver(*st, e, m, std::move(b));
         },
         false, host_func_stream);
     return handle();
@@ -292,12 +288,7 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
     std::error_code e;
     std::string m;
     auto b = detail::load_planned(dev, plan, copy, options, e, m);
-    if (e) {
-      st->complete(e, m);
-      return;
-    }
-    st->set_value(binary(std::move(b)));
-    st->complete({});
+    deliver(*st, e, m, std::move(b));
   });
   return handle();
 }

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_driver.hpp"
 #include "backend/cuda/cuda_image.hpp"
 #include "backend/cuda/cuda_module.hpp"
+#include "core/process_exit.hpp"
 #include "core/state.hpp"
 #include "support/device_fixture.hpp"
 
@@ -561,6 +562,64 @@ TEST(cuda_fault, OutOfBoundsWriteFailsEveryWaiterWithEventMarkers) {
   if (!shared_runtime(backend::cuda)) CORA_NO_DEVICE(backend::cuda, shared_runtime_failures()[backend::cuda]);
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(fault_scenario("event"), ::testing::ExitedWithCode(0), "fault: .*CUDA_ERROR_ILLEGAL_ADDRESS");
+}
+
+// --- process exit -----------------------------------------------------------------------------
+
+// What happens to a runtime that outlives main (a static, or one that a static's destructor
+// drops): cora's exit handler runs first, and after it no cora call reaches the driver, which
+// the driver's and compute-sanitizer's own exit handlers are tearing down. Calling the handler's
+// body directly stands for the exit here; under compute-sanitizer, scripts/gpu-reliability's
+// suites (whose shared runtimes are statics) check the real exit.
+[[noreturn]] void exit_scenario() {
+  int failures = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      ++failures;
+      std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+    }
+  };
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(90));
+    std::fprintf(stderr, "watchdog: the exit scenario hangs\n");
+    std::_Exit(3);
+  }).detach();
+  {
+    runtime_options o;
+    o.use_environment = false;
+    o.backend = backend_selection::cuda;
+    auto rt = std::make_unique<runtime>(o);
+    cora::device& gpu = rt->device(0);
+    auto bin = gpu.load_binary(kernel_file("cuda_test_kernels.corabin")).wait();
+    auto fill = bin.kernel("fill_u32");
+    auto s = gpu.make_stream();
+    auto buf = gpu.alloc<std::uint32_t>(16);
+    auto host = gpu.alloc_host<std::uint32_t>(16);
+    check(!outcome(s.launch(fill, {.grid = 1, .block = 16}, buf.data(), 7u, std::uint64_t{16})).first,
+          "a launch before the exit");
+    auto dropped = gpu.make_stream();  // its release is left to cora's threads
+    dropped = {};
+    check(cora::detail::begin_process_exit(), "cora's threads finished their driver calls");
+    std::string reason;
+    const cuda::driver_api* api = cuda::driver(reason);
+    CUcontext current = nullptr;
+    check(api && api->cuCtxGetCurrent(&current) == CUDA_ERROR_DEINITIALIZED,
+          "no entry point calls the driver once the exit began");
+    // What a static's destructor does then: new work fails, and nothing waits for ever.
+    const auto copy = outcome(s.copy(host, buf));
+    check(static_cast<bool>(copy.first), "a copy after the exit began fails: " + copy.second);
+    const auto sync = outcome(gpu.synchronize());
+    check(static_cast<bool>(sync.first), "synchronize after the exit began fails: " + sync.second);
+  }  // the runtime, its binary, stream and buffers go away without a driver call or a hang
+  std::fprintf(stderr, "exit scenario: %d failures\n", failures);
+  std::fflush(stderr);
+  std::_Exit(failures ? 1 : 0);
+}
+
+TEST(cuda_exit, OnceTheExitBeganNoCallReachesTheDriverAndNothingHangs) {
+  if (!shared_runtime(backend::cuda)) CORA_NO_DEVICE(backend::cuda, shared_runtime_failures()[backend::cuda]);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_scenario(), ::testing::ExitedWithCode(0), "exit scenario: 0 failures");
 }
 
 }  // namespace

@@ -180,12 +180,13 @@ void teardown::run() noexcept {
         std::error_code ec;
         s->s.synchronize().wait(ec);  // CANN waits for the tasks of a released stream
       }
-    for (auto& c : contexts)
-    if (c->default_stream) {
-      std::error_code ec;
-      if (wait_streams) c->default_stream->s.synchronize().wait(ec);
+    for (auto& c : contexts) {
+      if (wait_streams && c->default_stream) {
+        std::error_code ec;
+        c->default_stream->s.synchronize().wait(ec);
+      }
     }
-  for (auto& b : binaries) {
+    for (auto& b : binaries) {
       std::error_code ec;
       if (b->bin.loaded()) b->bin.unload(ec);  // launches in flight keep the code loaded
     }

@@ -377,4 +377,9 @@ std::vector<std::unique_ptr<device>> make_cpu_devices(const cpu_options& options
 /// the backend was not built.
 std::vector<std::unique_ptr<device>> make_cuda_devices(std::string& reason);
 
+/// The process is exiting: from now on the CUDA backend calls no driver entry point (each one
+/// fails with CUDA_ERROR_DEINITIALIZED). Called by cora's exit handler, before the driver's own
+/// handlers tear the driver down.
+void stop_cuda_calls_for_exit() noexcept;
+
 }  // namespace cora::backend

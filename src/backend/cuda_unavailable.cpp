@@ -8,4 +8,6 @@ std::vector<std::unique_ptr<device>> make_cuda_devices(std::string& reason) {
   return {};
 }
 
+void stop_cuda_calls_for_exit() noexcept {}
+
 }  // namespace cora::backend

@@ -367,6 +367,28 @@ void engine::wake() noexcept {
   cv_.notify_one();
 }
 
+void engine::set_asleep(bool asleep) noexcept {
+  asleep_ = asleep;
+  if (asleep && barrier_waiters_ > 0) barrier_cv_.notify_all();
+}
+
+bool engine::barrier(clock::time_point deadline) noexcept {
+  try {
+    std::unique_lock lock(mutex_);
+    if (asleep_) return true;  // on cv_: between passes, in no driver call
+    const std::uint64_t start = passes_;
+    ++barrier_waiters_;
+    wake_ = true;
+    cv_.notify_one();
+    const bool passed =
+        barrier_cv_.wait_until(lock, deadline, [&] { return asleep_ || passes_ != start; });
+    --barrier_waiters_;
+    return passed;
+  } catch (...) {
+    return false;
+  }
+}
+
 void engine::run() {
   // Timed sleeps must end on time: the hybrid policy sleeps until shortly before an op ends.
   ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
@@ -380,9 +402,16 @@ void engine::run() {
     intrusive_ptr<stream_state> block_stream;
     {
       std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] {
+      const auto work = [&] {
         return wake_ || !parked_.empty() || inline_->pending() > 0 || !draining_.empty();
-      });
+      };
+      if (!work()) {
+        set_asleep(true);
+        cv_.wait(lock, work);
+        set_asleep(false);
+      }
+      ++passes_;
+      if (barrier_waiters_ > 0) barrier_cv_.notify_all();
       wake_ = false;
       const auto now = clock::now();
       for (auto it = parked_.begin(); it != parked_.end();) {
@@ -464,12 +493,16 @@ void engine::run() {
     if (wake_) continue;
     if (any_hybrid && next != clock::time_point::max()) {
       if (next - now > wake_margin) {
+        set_asleep(true);
         cv_.wait_until(lock, std::min(next - wake_margin, now + max_predicted_sleep));
+        set_asleep(false);
         continue;
       }
       if (now < next + overrun_spin) continue;  // expected any moment: spin
     }
+    set_asleep(true);
     cv_.wait_for(lock, backoff);
+    set_asleep(false);
     backoff = std::min(backoff * 2, std::chrono::microseconds(1000));
   }
 }

@@ -126,6 +126,10 @@ class engine {
   void drain(intrusive_ptr<stream_state> s);
   /// Wakes the engine thread.
   void wake() noexcept;
+  /// Waits until the engine thread is asleep or has begun a new pass of its loop, so that the
+  /// driver calls and releases of the pass it was in have returned, or until `deadline`.
+  /// Returns false at the deadline. For the exit handler (core/process_exit.hpp).
+  bool barrier(clock::time_point deadline) noexcept;
 
  private:
   engine();
@@ -138,6 +142,12 @@ class engine {
   std::vector<intrusive_ptr<stream_state>> draining_;
   std::unique_ptr<poll_group> inline_;
   bool wake_ = false;
+  // For barrier(): passes begun, whether the thread sleeps on cv_, and who waits for either.
+  std::condition_variable barrier_cv_;
+  std::uint64_t passes_ = 0;
+  bool asleep_ = false;
+  unsigned barrier_waiters_ = 0;
+  void set_asleep(bool asleep) noexcept;  // under mutex_
   std::thread thread_;
 };
 

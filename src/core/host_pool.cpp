@@ -1,16 +1,50 @@
 #include "core/host_pool.hpp"
 
+#include <asio/post.hpp>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
 namespace cora::detail {
 
 asio::thread_pool& host_pool() {
   // Never destroyed: work may still be queued while the process exits.
-  static auto* pool = new asio::thread_pool(2);
+  static auto* pool = new asio::thread_pool(host_pool_threads);
   return *pool;
 }
 
 asio::thread_pool& device_wait_pool() {
-  static auto* pool = new asio::thread_pool(2);  // never destroyed, as host_pool()
+  static auto* pool = new asio::thread_pool(device_wait_pool_threads);  // never destroyed, as host_pool()
   return *pool;
+}
+
+bool pass_barrier(asio::thread_pool& pool, unsigned threads,
+                  std::chrono::steady_clock::time_point deadline) noexcept {
+  // One task per thread, each holding its thread until all have arrived: only then has every
+  // thread left what it was doing. Shared, because a task may outlive a caller that gave up.
+  struct rendezvous {
+    std::mutex mutex;
+    std::condition_variable cv;
+    unsigned arrived = 0;
+    bool over = false;
+  };
+  try {
+    auto r = std::make_shared<rendezvous>();
+    for (unsigned i = 0; i < threads; ++i) {
+      asio::post(pool, [r, threads, deadline] {
+        std::unique_lock lock(r->mutex);
+        if (++r->arrived == threads) r->cv.notify_all();
+        r->cv.wait_until(lock, deadline, [&] { return r->over || r->arrived == threads; });
+      });
+    }
+    std::unique_lock lock(r->mutex);
+    const bool all = r->cv.wait_until(lock, deadline, [&] { return r->arrived == threads; });
+    r->over = true;
+    r->cv.notify_all();
+    return all;
+  } catch (...) {
+    return false;
+  }
 }
 
 }  // namespace cora::detail

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/process_exit.hpp"
 #include "core/state.hpp"
 
 namespace cora {
@@ -104,6 +105,7 @@ runtime::runtime(runtime_options options) : impl_(std::make_unique<impl>()) {
   if (options.backend != backend_selection::cpu) {
     std::string reason;
     auto gpus = backend::make_cuda_devices(reason);
+    if (!gpus.empty()) detail::watch_process_exit();
     impl_->statuses.push_back({"cuda", !gpus.empty(), gpus.size(), reason});
     for (auto& g : gpus) found.push_back(std::move(g));
     if (gpus.empty() && options.backend == backend_selection::cuda)

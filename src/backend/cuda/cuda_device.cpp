@@ -423,6 +423,10 @@ std::unique_ptr<module> cuda_device::load(std::span<const std::byte> image, imag
 
 namespace cora::backend {
 
+void stop_cuda_calls_for_exit() noexcept {
+  cuda::process_exit_begun.store(true, std::memory_order_relaxed);
+}
+
 std::vector<std::unique_ptr<device>> make_cuda_devices(std::string& reason) {
   using namespace cuda;
   const driver_api* api = driver(reason);

@@ -197,17 +197,17 @@ bool load_driver(const char* library, driver_api& api, std::string& reason) {
              " API); update the driver";                                                         \
     return false;                                                                                \
   }                                                                                              \
-  api.name = reinterpret_cast<PFN_##name##_v##version>(p);
+  api.name.fn = reinterpret_cast<PFN_##name##_v##version>(p);
   CORA_CUDA_REQUIRED(CORA_CUDA_RESOLVE_REQUIRED)
 #undef CORA_CUDA_RESOLVE_REQUIRED
 #define CORA_CUDA_RESOLVE_OPTIONAL(name, version) \
   resolve(#name, version, &p);                    \
-  api.name = reinterpret_cast<PFN_##name##_v##version>(p);
+  api.name.fn = reinterpret_cast<PFN_##name##_v##version>(p);
   CORA_CUDA_OPTIONAL(CORA_CUDA_RESOLVE_OPTIONAL)
 #undef CORA_CUDA_RESOLVE_OPTIONAL
   if (resolve("cuEventElapsedTime", 12080, &p) != CUDA_SUCCESS || !p)
     resolve("cuEventElapsedTime", 2000, &p);
-  api.event_elapsed_time = reinterpret_cast<PFN_cuEventElapsedTime_v2000>(p);
+  api.event_elapsed_time.fn = reinterpret_cast<PFN_cuEventElapsedTime_v2000>(p);
   if (!api.event_elapsed_time) {
     reason = "the NVIDIA driver lacks cuEventElapsedTime";
     return false;

@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <atomic>
 #include <string>
 #include <system_error>
 
@@ -103,15 +104,40 @@ namespace cora::backend::cuda {
   X(cuGraphExecMemcpyNodeSetParams, 10020)   \
   X(cuGraphExecUpdate, 12000)
 
+/// Set once the process has begun to exit (main returned, or std::exit ran) while cora had
+/// CUDA devices, by backend::stop_cuda_calls_for_exit() (see core/process_exit.hpp).
+inline std::atomic<bool> process_exit_begun{false};
+
+/// One entry point of the driver, called like the function it holds. Once the process has
+/// begun to exit it no longer calls the driver and fails with CUDA_ERROR_DEINITIALIZED, as the
+/// driver itself does once torn down: the exit handlers that the driver and an attached tool
+/// (compute-sanitizer) registered tear it down, and a call made during or after that (from the
+/// destructor of a static runtime, or from a cora thread releasing what a runtime left behind)
+/// can crash the process. Releases are skipped (the driver reclaims everything at exit), and
+/// waits end with device_lost instead of hanging.
+template <class Pfn>
+struct entry_point;
+template <class... Args>
+struct entry_point<CUresult(CUDAAPI*)(Args...)> {
+  CUresult(CUDAAPI* fn)(Args...) = nullptr;
+  CUresult operator()(Args... args) const {
+    if (process_exit_begun.load(std::memory_order_relaxed)) [[unlikely]]
+      return CUDA_ERROR_DEINITIALIZED;
+    return fn(args...);
+  }
+  /// False where the driver lacks the entry point (the optional ones).
+  explicit operator bool() const noexcept { return fn != nullptr; }
+};
+
 /// The driver's entry points. Field names are the API's names (cuda.h maps some of them to
 /// their _v2 symbols; the fields follow, so calls read like plain driver code).
 struct driver_api {
-#define CORA_CUDA_FIELD(name, version) PFN_##name##_v##version name = nullptr;
+#define CORA_CUDA_FIELD(name, version) entry_point<PFN_##name##_v##version> name;
   CORA_CUDA_REQUIRED(CORA_CUDA_FIELD)
   CORA_CUDA_OPTIONAL(CORA_CUDA_FIELD)
 #undef CORA_CUDA_FIELD
   /// cuEventElapsedTime at 12.8 where the driver has it, else the original (same prototype).
-  PFN_cuEventElapsedTime_v2000 event_elapsed_time = nullptr;
+  entry_point<PFN_cuEventElapsedTime_v2000> event_elapsed_time;
   int version = 0;  ///< cuDriverGetVersion: 1000 * major + 10 * minor
 };
 

@@ -1,7 +1,12 @@
 #include "cora/runtime.hpp"
 
 #include <cstdlib>
+#include <atomic>
 #include <future>
+#include <memory>
+#include <thread>
+
+#include "core/state.hpp"
 
 #include "support/device_fixture.hpp"
 
@@ -175,6 +180,52 @@ TEST(runtime, QueuedWorkCompletesAfterTheRuntimeIsDestroyed) {
     EXPECT_EQ(ec, errc::runtime_shut_down);
     synced.wait(ec);
     EXPECT_EQ(ec, errc::runtime_shut_down);
+  });
+}
+
+// A host function's capture can hold the last reference to its device: once the runtime and
+// every other handle are gone, the CPU worker that ran the function drops it. Destroying the
+// device joins its workers, so that must then happen on another thread (it ended in
+// std::terminate from ~thread).
+TEST(runtime, ADeviceReleasedByItsOwnWorkerIsDestroyedOnAnotherThread) {
+  // Dropped on the worker, when the finished function's capture is destroyed: it first waits
+  // until the test has let go of everything else.
+  struct last_reference {
+    last_reference(std::shared_ptr<detail::device_state> d, std::shared_future<void> gone,
+                   std::atomic<bool>* worker)
+        : device(std::move(d)), others_gone(std::move(gone)), on_worker(worker) {}
+    last_reference(const last_reference&) = delete;
+    std::shared_ptr<detail::device_state> device;
+    std::shared_future<void> others_gone;
+    std::atomic<bool>* on_worker;
+    ~last_reference() {
+      *on_worker = device->backend->on_own_thread();
+      others_gone.wait();
+      device.reset();
+    }
+  };
+  with_watchdog(std::chrono::seconds(60), [] {
+    std::weak_ptr<detail::device_state> device;
+    std::atomic<bool> on_worker{false};
+    std::promise<void> others_gone;
+    {
+      runtime_options o;
+      o.use_environment = false;
+      o.backend = backend_selection::cpu;
+      runtime rt(o);
+      device = rt.device(0).state();
+      EXPECT_FALSE(rt.device(0).state()->backend->on_own_thread());
+      auto s = rt.device(0).make_stream();
+      s.host_func([last = std::make_shared<last_reference>(
+                       rt.device(0).state(), others_gone.get_future().share(), &on_worker)] {})
+          .wait();
+    }
+    others_gone.set_value();
+    // Liveness only: the device goes once its last holder let go.
+    for (int t = 0; t < 10'000 && !device.expired(); ++t)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(device.expired());
+    EXPECT_TRUE(on_worker) << "the capture was destroyed on one of the device's own threads";
   });
 }
 

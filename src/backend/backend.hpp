@@ -361,6 +361,10 @@ class device {
 
   /// Stops the device's own threads; called once, when the runtime shuts down.
   virtual void shutdown() noexcept = 0;
+
+  /// True on a thread of the device's own (a CPU device's workers, which run host functions and
+  /// drop their captures): the device must not be destroyed there, since that joins the thread.
+  virtual bool on_own_thread() const noexcept { return false; }
 };
 
 /// Options the CPU backend takes.

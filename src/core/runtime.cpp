@@ -1,9 +1,11 @@
 #include "cora/runtime.hpp"
 
+#include <asio/post.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "core/host_pool.hpp"
 #include "core/process_exit.hpp"
 #include "core/state.hpp"
 
@@ -125,7 +127,20 @@ runtime::runtime(runtime_options options) : impl_(std::make_unique<impl>()) {
     impl_->statuses.push_back({"cpu", false, 0, "not selected (backend = cuda)"});
   }
   for (std::size_t i = 0; i < found.size(); ++i) {
-    auto st = std::make_shared<detail::device_state>(impl_->core, std::move(found[i]), i);
+    // A device's last reference can go on one of its own threads (a host function's capture
+    // dropped by a CPU worker after the runtime is gone): it is then destroyed on a cora
+    // thread, since destroying it joins the threads it owns.
+    std::shared_ptr<detail::device_state> st(
+        new detail::device_state(impl_->core, std::move(found[i]), i), [](detail::device_state* d) noexcept {
+          if (d->backend->on_own_thread()) {
+            try {
+              asio::post(detail::device_wait_pool(), [d] { delete d; });
+              return;
+            } catch (...) {
+            }
+          }
+          delete d;
+        });
     impl_->devices.push_back(st);
     st->warm_up();
   }

@@ -19,6 +19,9 @@ namespace cora::backend::cpu {
 
 namespace {
 
+// The device whose worker or value thread this is (on_own_thread()).
+thread_local const cpu_device* own_device = nullptr;
+
 std::uint64_t now_ns() noexcept {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -272,6 +275,7 @@ worker_pool::worker_pool(cpu_device& device, unsigned threads) : device_(device)
   threads_.reserve(threads);
   for (unsigned i = 0; i < threads; ++i)
     threads_.emplace_back([this, i, threads] {
+      own_device = &device_;
       pin_worker(i, threads);
       run(i);
     });
@@ -773,6 +777,8 @@ void cpu_device::declare_lost() noexcept {
   for (cpu_stream* s : streams_) s->abort_running();
 }
 
+bool cpu_device::on_own_thread() const noexcept { return own_device == this; }
+
 void cpu_device::shutdown() noexcept {
   stopped_.store(true, std::memory_order_release);
   {
@@ -809,7 +815,10 @@ void cpu_device::watch_value(op* o) {
     std::lock_guard lock(value_mutex_);
     if (!value_stop_) {
       try {
-        if (!value_thread_.joinable()) value_thread_ = std::thread([this] { watch_values(); });
+        if (!value_thread_.joinable()) value_thread_ = std::thread([this] {
+          own_device = this;
+          watch_values();
+        });
         value_waits_.push_back(o);
         o = nullptr;
       } catch (const std::exception& e) {

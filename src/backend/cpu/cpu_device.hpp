@@ -290,6 +290,7 @@ class cpu_device final : public device {
     return markers_.load(std::memory_order_relaxed);
   }
   void shutdown() noexcept override;
+  bool on_own_thread() const noexcept override;
 
   // Used by streams and workers.
   void start(op* o);

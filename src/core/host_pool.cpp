@@ -20,31 +20,39 @@ asio::thread_pool& device_wait_pool() {
 
 bool pass_barrier(asio::thread_pool& pool, unsigned threads,
                   std::chrono::steady_clock::time_point deadline) noexcept {
-  // One task per thread, each holding its thread until all have arrived: only then has every
-  // thread left what it was doing. Shared, because a task may outlive a caller that gave up.
+  // One task per thread, each holding its thread until all have arrived or the caller is done
+  // waiting: only when all arrived has every thread left what it was doing. Shared, because a
+  // task may run after the caller gave up.
   struct rendezvous {
     std::mutex mutex;
     std::condition_variable cv;
     unsigned arrived = 0;
     bool over = false;
   };
+  std::shared_ptr<rendezvous> r;
   try {
-    auto r = std::make_shared<rendezvous>();
-    for (unsigned i = 0; i < threads; ++i) {
-      asio::post(pool, [r, threads, deadline] {
-        std::unique_lock lock(r->mutex);
-        if (++r->arrived == threads) r->cv.notify_all();
-        r->cv.wait_until(lock, deadline, [&] { return r->over || r->arrived == threads; });
-      });
-    }
-    std::unique_lock lock(r->mutex);
-    const bool all = r->cv.wait_until(lock, deadline, [&] { return r->arrived == threads; });
-    r->over = true;
-    r->cv.notify_all();
-    return all;
+    r = std::make_shared<rendezvous>();
   } catch (...) {
     return false;
   }
+  unsigned posted = 0;
+  try {
+    for (; posted < threads; ++posted) {
+      asio::post(pool, [r, threads] {
+        std::unique_lock lock(r->mutex);
+        if (++r->arrived == threads) r->cv.notify_all();
+        r->cv.wait(lock, [&] { return r->over || r->arrived == threads; });
+      });
+    }
+  } catch (...) {
+  }
+  std::unique_lock lock(r->mutex);
+  // Decided and closed under one lock: a task that arrives later finds `over` and leaves.
+  const bool all = posted == threads &&
+                   r->cv.wait_until(lock, deadline, [&] { return r->arrived == threads; });
+  r->over = true;
+  r->cv.notify_all();
+  return all;
 }
 
 }  // namespace cora::detail

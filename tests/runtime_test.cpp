@@ -192,21 +192,27 @@ TEST(runtime, ADeviceReleasedByItsOwnWorkerIsDestroyedOnAnotherThread) {
   // until the test has let go of everything else.
   struct last_reference {
     last_reference(std::shared_ptr<detail::device_state> d, std::shared_future<void> gone,
-                   std::atomic<bool>* worker)
-        : device(std::move(d)), others_gone(std::move(gone)), on_worker(worker) {}
+                   std::atomic<bool>* worker, std::atomic<bool>* last)
+        : device(std::move(d)), others_gone(std::move(gone)), on_worker(worker), was_last(last) {}
     last_reference(const last_reference&) = delete;
     std::shared_ptr<detail::device_state> device;
     std::shared_future<void> others_gone;
     std::atomic<bool>* on_worker;
+    std::atomic<bool>* was_last;
     ~last_reference() {
       *on_worker = device->backend->on_own_thread();
       others_gone.wait();
+      // Then this is the last reference, once the engine has let the stream go (a liveness
+      // bound only).
+      for (int i = 0; i < 10'000 && device.use_count() > 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      *was_last = device.use_count() == 1;
       device.reset();
     }
   };
   with_watchdog(std::chrono::seconds(60), [] {
     std::weak_ptr<detail::device_state> device;
-    std::atomic<bool> on_worker{false};
+    std::atomic<bool> on_worker{false}, was_last{false};
     std::promise<void> others_gone;
     {
       runtime_options o;
@@ -217,7 +223,8 @@ TEST(runtime, ADeviceReleasedByItsOwnWorkerIsDestroyedOnAnotherThread) {
       EXPECT_FALSE(rt.device(0).state()->backend->on_own_thread());
       auto s = rt.device(0).make_stream();
       s.host_func([last = std::make_shared<last_reference>(
-                       rt.device(0).state(), others_gone.get_future().share(), &on_worker)] {})
+                       rt.device(0).state(), others_gone.get_future().share(), &on_worker,
+                       &was_last)] {})
           .wait();
     }
     others_gone.set_value();
@@ -226,6 +233,7 @@ TEST(runtime, ADeviceReleasedByItsOwnWorkerIsDestroyedOnAnotherThread) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     EXPECT_TRUE(device.expired());
     EXPECT_TRUE(on_worker) << "the capture was destroyed on one of the device's own threads";
+    EXPECT_TRUE(was_last) << "the capture held the device's last reference";
   });
 }
 

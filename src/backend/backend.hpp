@@ -362,8 +362,9 @@ class device {
   /// Stops the device's own threads; called once, when the runtime shuts down.
   virtual void shutdown() noexcept = 0;
 
-  /// True on a thread of the device's own (a CPU device's workers, which run host functions and
-  /// drop their captures): the device must not be destroyed there, since that joins the thread.
+  /// True on a thread where the device must not be destroyed, because a host function's
+  /// captures are dropped there: a CPU device's workers (destroying the device joins them) and,
+  /// on CUDA, the driver's callback thread (which must make no CUDA call).
   virtual bool on_own_thread() const noexcept { return false; }
 };
 

@@ -284,8 +284,9 @@ struct file_load : std::enable_shared_from_this<file_load> {
   }
 
   std::filesystem::path file_path;
-  // The stream of the host function that asked for the load, if any (see run_when_idle).
-  const stream_state* host_func_stream = nullptr;
+  // The stream of the host function that asked for the load, if any (see run_when_idle); held,
+  // so that no other stream takes its address before the load compares it.
+  intrusive_ptr<stream_state> host_func_stream;
 
   void start() {
     file_parts::open(file_path, [self = shared_from_this()](std::error_code ec, std::string message,
@@ -360,7 +361,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
     // and holds other threads' driver calls meanwhile: it runs while cora's streams are idle,
     // here if they are now (a short driver call on a cora thread), else once they are.
     if (dev->backend->load_waits())
-      dev->run_when_idle(std::move(run), true, host_func_stream);
+      dev->run_when_idle(std::move(run), true, host_func_stream.get());
     else if (loads_inline(*dev, plan.part_size))
       run();
     else
@@ -390,7 +391,7 @@ void load_binary_file(std::shared_ptr<device_state> dev, const std::filesystem::
   l->done = std::move(done);
   l->file_path = path;
   if (const host_func_scope* h = host_func_scope::current(); h && h->device == l->dev.get())
-    l->host_func_stream = h->stream;
+    l->host_func_stream = intrusive_ptr<stream_state>::share(const_cast<stream_state*>(h->stream));
   l->start();
 }
 

@@ -723,13 +723,13 @@ void device_state::schedule_unloads(std::chrono::microseconds delay) noexcept {
   }
 }
 
-bool device_state::streams_idle(const stream_state* except) {
+bool device_state::streams_idle() {
   for (auto& s : streams())
-    if (s.get() != except && !s->idle_observed() && !s->query_idle()) return false;
+    if (!s->idle_observed() && !s->query_idle()) return false;
   return true;
 }
 
-bool device_state::run_while_idle(const std::function<void()>& fn, const stream_state* except) {
+bool device_state::run_while_idle(const std::function<void()>& fn) {
   // Every stream's submission lock, taken without waiting (a holder may be submitting: then
   // this round gives way). Holding them all, and the list's lock so that no new stream
   // appears, no cora work can start: a device seen idle stays idle for cora's part while `fn`
@@ -740,7 +740,6 @@ bool device_state::run_while_idle(const std::function<void()>& fn, const stream_
   held.reserve(streams_.size());
   bool idle = true;
   for (stream_state* s : streams_) {
-    if (s == except) continue;
     if (!s->enqueue_mutex().try_lock()) {
       idle = false;
       break;
@@ -775,14 +774,11 @@ struct idle_gate {
     idle_gate* owner = nullptr;
   };
   idle_gate(std::shared_ptr<device_state> d, std::function<void()> f,
-            std::vector<intrusive_ptr<stream_state>> s, const stream_state* x)
-      : dev(std::move(d)), fn(std::move(f)),
-        except(intrusive_ptr<stream_state>::share(const_cast<stream_state*>(x))),
-        streams(std::move(s)), nodes(streams.size()), remaining(streams.size() + 1) {}
+            std::vector<intrusive_ptr<stream_state>> s)
+      : dev(std::move(d)), fn(std::move(f)), streams(std::move(s)), nodes(streams.size()),
+        remaining(streams.size() + 1) {}
   std::shared_ptr<device_state> dev;
   std::function<void()> fn;
-  // Held, so that no other stream can take its address while the gate compares it.
-  intrusive_ptr<stream_state> except;
   std::vector<intrusive_ptr<stream_state>> streams;
   std::vector<node> nodes;
   std::atomic<std::size_t> remaining;
@@ -806,7 +802,7 @@ struct idle_gate {
     if (dev->shut_down.load(std::memory_order_acquire)) return finish(true);
     bool ran = false;
     try {
-      ran = dev->streams_idle(except.get()) && dev->run_while_idle(fn, except.get());
+      ran = dev->streams_idle() && dev->run_while_idle(fn);
     } catch (...) {
     }
     if (ran) return finish(false);
@@ -828,9 +824,9 @@ struct idle_gate {
 }  // namespace
 
 void device_state::run_when_idle(std::function<void()> fn, bool here, const stream_state* except) {
-  if (here && streams_idle(except) && run_while_idle(fn, except)) return;
+  if (here && streams_idle() && run_while_idle(fn)) return;
   auto list = streams();
-  auto* gate = new idle_gate(shared_from_this(), std::move(fn), std::move(list), except);
+  auto* gate = new idle_gate(shared_from_this(), std::move(fn), std::move(list));
   for (std::size_t i = 0; i < gate->streams.size(); ++i) {
     auto& n = gate->nodes[i];
     n.owner = gate;

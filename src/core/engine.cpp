@@ -331,6 +331,7 @@ engine& engine::get() {
 
 engine::engine() : inline_(std::make_unique<inline_group_t>(*this)) {
   thread_ = std::thread([this] { run(); });
+  thread_id_ = thread_.get_id();
   thread_.detach();
 }
 
@@ -374,7 +375,14 @@ void engine::set_asleep(bool asleep) noexcept {
 
 bool engine::barrier(clock::time_point deadline) noexcept {
   try {
-    std::unique_lock lock(mutex_);
+    if (std::this_thread::get_id() == thread_id_) return true;  // the caller: in no driver call
+    // The engine thread holds mutex_ through a pass, driver calls included, and a driver call
+    // may be held up for as long as a kernel runs: the deadline bounds taking the lock too.
+    std::unique_lock lock(mutex_, std::defer_lock);
+    while (!lock.try_lock()) {
+      if (clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     if (asleep_) return true;  // on cv_: between passes, in no driver call
     const std::uint64_t start = passes_;
     ++barrier_waiters_;

@@ -149,6 +149,7 @@ class engine {
   unsigned barrier_waiters_ = 0;
   void set_asleep(bool asleep) noexcept;  // under mutex_
   std::thread thread_;
+  std::thread::id thread_id_;
 };
 
 /// Fires completed nodes. `inline_last`: the last node may resume inside this call.

@@ -35,6 +35,8 @@ bool pass_barrier(asio::thread_pool& pool, unsigned threads,
   } catch (...) {
     return false;
   }
+  // Called on one of the pool's threads (an exit from a task): that one is in no other task.
+  if (pool.get_executor().running_in_this_thread() && threads > 0) --threads;
   unsigned posted = 0;
   try {
     for (; posted < threads; ++posted) {

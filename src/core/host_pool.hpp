@@ -20,7 +20,8 @@ asio::thread_pool& device_wait_pool();
 
 /// Waits until each of the `threads` threads of `pool` has finished the task it was running
 /// (and those queued before the call), or until `deadline`. Returns true if all of them did.
-/// Blocks the caller: for the exit handler, never for an executor thread.
+/// Blocks the caller: for the exit handler, never for an executor thread. On a thread of the
+/// pool, waits for the others.
 bool pass_barrier(asio::thread_pool& pool, unsigned threads,
                   std::chrono::steady_clock::time_point deadline) noexcept;
 

@@ -15,9 +15,10 @@ inline constexpr std::chrono::milliseconds exit_drain_limit{2000};
 void watch_process_exit();
 
 /// The exit handler's body: stops every further driver call (backend::stop_cuda_calls_for_exit),
-/// then waits, up to exit_drain_limit, until the calls that cora's own threads (the engine
-/// thread, the host and device-wait pools) were making have returned. Returns false if one of
-/// them was still busy at the limit (a driver call waiting for a kernel that does not end).
+/// then waits, up to exit_drain_limit, until the calls that the engine thread and the threads
+/// of the host and device-wait pools were making have returned (not user threads, nor the
+/// handler thread). Returns false if one of them was still busy at the limit (a driver call
+/// waiting for a kernel that does not end).
 bool begin_process_exit() noexcept;
 
 }  // namespace cora::detail

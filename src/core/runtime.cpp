@@ -127,9 +127,9 @@ runtime::runtime(runtime_options options) : impl_(std::make_unique<impl>()) {
     impl_->statuses.push_back({"cpu", false, 0, "not selected (backend = cuda)"});
   }
   for (std::size_t i = 0; i < found.size(); ++i) {
-    // A device's last reference can go on one of its own threads (a host function's capture
-    // dropped by a CPU worker after the runtime is gone): it is then destroyed on a cora
-    // thread, since destroying it joins the threads it owns.
+    // A device's last reference can go where it must not be destroyed (a host function's
+    // capture dropped by a CPU worker, whose destruction joins it, or on CUDA's callback
+    // thread, which may make no CUDA call): it is then destroyed on a cora thread.
     std::shared_ptr<detail::device_state> st(
         new detail::device_state(impl_->core, std::move(found[i]), i), [](detail::device_state* d) noexcept {
           if (d->backend->on_own_thread()) {

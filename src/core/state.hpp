@@ -216,18 +216,16 @@ class device_state : public std::enable_shared_from_this<device_state> {
   /// stream is idle with its submission lock held. On the calling thread when the device is
   /// idle now and `here` is true; else on a cora thread. When new work keeps the streams busy,
   /// `fn` runs after idle_gate_tries tries anyway (waiting for that newer work only). `fn`
-  /// must not throw. `except`: a stream that is neither waited for nor required idle, that of
-  /// the host function that asked for the call (which may wait for it: waiting for its own
-  /// stream would never end, and nothing queued behind the host function can run meanwhile);
-  /// null if none.
+  /// must not throw. `except`: a stream whose work in flight is not waited for, that of the
+  /// host function that asked for the call (which may wait for it: waiting for its own stream
+  /// would never end); null if none.
   void run_when_idle(std::function<void()> fn, bool here, const stream_state* except = nullptr);
   static constexpr int idle_gate_tries = 64;  // about 64 ms of new work, 1 ms apart
-  /// True if no stream of this device but `except` has cora work in flight (polls those that
-  /// may).
-  bool streams_idle(const stream_state* except = nullptr);
-  /// Runs `fn` if the submission lock of every stream but `except` is free and those streams
-  /// are idle, with the locks held (no cora work starts meanwhile); false, `fn` not run, if not.
-  bool run_while_idle(const std::function<void()>& fn, const stream_state* except = nullptr);
+  /// True if no stream of this device has cora work in flight (polls those that may).
+  bool streams_idle();
+  /// Runs `fn` if every stream's submission lock is free and every stream is idle, with the
+  /// locks held (no cora work starts meanwhile); false, `fn` not run, if not.
+  bool run_while_idle(const std::function<void()>& fn);
 
   /// Fills the stream pool and the first pinned slab on a cora thread (called once the device
   /// is owned by a shared_ptr), so that the first calls find them ready.

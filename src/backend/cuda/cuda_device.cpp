@@ -413,6 +413,8 @@ bool cuda_device::event_done(event& ev, std::error_code& ec) {
   return false;
 }
 
+bool cuda_device::on_own_thread() const noexcept { return in_host_call(); }
+
 std::unique_ptr<module> cuda_device::load(std::span<const std::byte> image, image_kind kind,
                                           std::error_code& ec, std::string& message) {
   return cuda_module::load(ctx_, image, kind, label_, info_.compute_major, info_.compute_minor, ec,

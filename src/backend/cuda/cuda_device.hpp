@@ -73,6 +73,7 @@ class cuda_device final : public device {
     return markers_.load(std::memory_order_relaxed);
   }
   void shutdown() noexcept override;
+  bool on_own_thread() const noexcept override;
 
   // Used by streams.
   const std::shared_ptr<context>& ctx() const noexcept { return ctx_; }

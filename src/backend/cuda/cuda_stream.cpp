@@ -38,7 +38,13 @@ struct host_call {
   std::uint64_t seq;
 };
 
+thread_local bool host_call_running = false;
+
 void CUDA_CB run_host_call(void* data) {
+  struct running {
+    running() noexcept { host_call_running = true; }
+    ~running() { host_call_running = false; }
+  } scope;  // outlives `call`: its function's captures are dropped inside the scope
   std::unique_ptr<host_call> call(static_cast<host_call*>(data));
   try {
     call->fn();
@@ -51,6 +57,8 @@ void CUDA_CB run_host_call(void* data) {
 }
 
 }  // namespace
+
+bool in_host_call() noexcept { return host_call_running; }
 
 void stream_faults::record(std::uint64_t seq, std::error_code ec, std::string message) noexcept {
   std::lock_guard lock(mutex);

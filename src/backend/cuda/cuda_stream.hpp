@@ -81,4 +81,8 @@ class cuda_stream final : public stream {
   CUresult poll_error_ = CUDA_SUCCESS;         // a query error that did not lose the context
 };
 
+/// True inside a host function, on the driver's callback thread, where no CUDA call may be
+/// made (so no device may be destroyed there: cuda_device::on_own_thread()).
+bool in_host_call() noexcept;
+
 }  // namespace cora::backend::cuda

@@ -188,7 +188,9 @@ asio::execution_context::id executor_group::id;
 executor_group::executor_group(asio::execution_context& ctx)
     : asio::execution_context::service(ctx) {}
 
-executor_group::~executor_group() { engine::get().forget(this); }
+executor_group::~executor_group() {
+  if (parked_once_.load(std::memory_order_acquire)) engine::get().forget(this);
+}
 
 executor_group& executor_group::of(const asio::any_io_executor& ex) {
   return asio::use_service<executor_group>(asio::query(ex, asio::execution::context));
@@ -298,7 +300,10 @@ void executor_group::poll_step() {
     }
   }
   if (repost) post_step();
-  if (park) engine::get().park(this);
+  if (park) {
+    parked_once_.store(true, std::memory_order_release);
+    engine::get().park(this);
+  }
   fire(local, true);
   local.swap(fired);
 }

@@ -11,6 +11,7 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/execution_context.hpp>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -108,6 +109,10 @@ class executor_group final : public poll_group, public asio::execution_context::
   clock::time_point last_progress_{};
   clock::time_point handed_back_for_{};
   std::vector<wait_node*> fired_;
+  // Set before the first park: only then does the engine know the group. A group that Asio
+  // made twice and dropped (use_service under a race) is destroyed under Asio's registry lock
+  // and must not take the engine's lock there.
+  std::atomic<bool> parked_once_{false};
 };
 
 /// The process-wide engine thread (started on first use, idle on a condition variable when

@@ -1,5 +1,10 @@
 // device::load_binary(path): the file read through the I/O queue, and its errors.
+#include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -47,6 +52,34 @@ TEST_P(load_binary_file_test, LoadsFromAnAsioCoroutine) {
   io.run();
   ASSERT_TRUE(loaded);
   EXPECT_TRUE(loaded.kernel("add_f32"));
+}
+
+// Whether this system reads `path` from its caches alone, without waiting: a path lookup
+// with RESOLVE_CACHED and a read with RWF_NOWAIT (the file system must offer both).
+bool reads_without_waiting(const std::filesystem::path& path) {
+  open_how how{};
+  how.flags = O_RDONLY | O_CLOEXEC;
+  how.resolve = RESOLVE_CACHED;
+  const long fd = ::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how);
+  if (fd < 0) return false;
+  char byte;
+  ::iovec v{&byte, 1};
+  const bool ok = ::preadv2(static_cast<int>(fd), &v, 1, 0, RWF_NOWAIT) == 1;
+  ::close(static_cast<int>(fd));
+  return ok;
+}
+
+// A small file in the page cache is read and loaded on the calling thread, as bytes in memory
+// are: the load has completed when load_binary returns, with no hop to the I/O thread.
+TEST_P(load_binary_file_test, ACachedFileLoadsBeforeTheCallReturns) {
+  if (GetParam() != backend::cpu) GTEST_SKIP() << "GPU loads read through the I/O queue";
+  const auto file = kernel_file("test_kernels.corabin");
+  ASSERT_TRUE(dev().load_binary(file).wait());  // in the page cache now
+  if (!reads_without_waiting(file))
+    GTEST_SKIP() << "this kernel or file system cannot read " << file << " without waiting";
+  auto p = dev().load_binary(file);
+  EXPECT_TRUE(p.ready());
+  EXPECT_TRUE(p.wait().kernel("add_f32"));
 }
 
 TEST_P(load_binary_file_test, MissingFile) {

@@ -269,12 +269,15 @@ struct file_load : std::enable_shared_from_this<file_load> {
   std::unique_ptr<std::byte[]> head;  // not value-initialized: every byte is read over
   std::size_t head_size = 0;
   std::unique_ptr<std::byte[]> image;
+  std::uint64_t file_size = 0;
   load_plan plan;
 
   // Enough for the metadata of a container of 25 kernels (a record is about 1.1 KiB) and
   // for sniffing a raw image (PTX is recognised in its first 4 KiB); more metadata takes a
   // second read.
   static constexpr std::size_t first_read = 32 * 1024;
+  // Files read whole on the calling thread, when cached (a copy of at most this much there).
+  static constexpr std::size_t inline_file_bytes = std::size_t{1} << 20;
 
   std::string quoted_path() const { return "'" + file_path.string() + "'"; }
   // I/O errors name the path already.
@@ -289,13 +292,22 @@ struct file_load : std::enable_shared_from_this<file_load> {
   intrusive_ptr<stream_state> host_func_stream;
 
   void start() {
+    // A small file already in the page cache is read here without waiting, and a CPU device
+    // loads it here too, as it does bytes in memory: no hop to the I/O thread and back.
+    // (GPU loads keep the queue for now: their reads there are measured, these are not.)
+    if (!dev->backend->load_waits() &&
+        read_cached_file(file_path, inline_file_bytes, head, head_size)) {
+      file_size = head_size;
+      return on_head();
+    }
     file_parts::open(file_path, [self = shared_from_this()](std::error_code ec, std::string message,
                                                        std::shared_ptr<file_parts> f) {
       if (ec) return self->fail(ec, std::move(message));
       self->file = std::move(f);
-      if (self->file->size() == 0)
+      self->file_size = self->file->size();
+      if (self->file_size == 0)
         return self->fail(make_error_code(errc::invalid_binary), self->quoted_path() + " is empty");
-      self->read_head(std::min<std::uint64_t>(self->file->size(), first_read));
+      self->read_head(std::min<std::uint64_t>(self->file_size, first_read));
     });
   }
 
@@ -316,12 +328,14 @@ struct file_load : std::enable_shared_from_this<file_load> {
   void on_head() {
     const std::span<const std::byte> h(head.get(), head_size);
     const std::uint64_t meta = corabin_meta_size(h);
-    if (meta > head_size && meta <= file->size()) return read_head(static_cast<std::size_t>(meta));
+    if (meta > head_size && meta <= file_size) return read_head(static_cast<std::size_t>(meta));
     std::error_code ec;
     std::string message;
-    if (!plan_load(*dev, h, file->size(), plan, ec, message)) return fail_load(ec, message);
+    if (!plan_load(*dev, h, file_size, plan, ec, message)) return fail_load(ec, message);
     const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
     if (end <= head_size) return load(head.get() + begin);
+    if (!file)  // read whole, and the plan (checked against the file's size) goes past it
+      return fail_load(make_error_code(errc::invalid_binary), "its image lies past the end of the file");
     try {
       image.reset(new std::byte[plan.part_size]);
     } catch (const std::bad_alloc&) {

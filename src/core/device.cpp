@@ -310,8 +310,8 @@ pending<binary> device::load_binary(const std::filesystem::path& path, const loa
     st->complete(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
     return pending<binary>(detail::op_handle(detail::intrusive_ptr<detail::completion_source>(std::move(st)), 0));
   }
-  // The reads go through the I/O queue; a GPU load (a driver call that may take long) is then
-  // handed to the host pool.
+  // The reads go through the I/O queue, unless a small file is cached (read here without
+  // waiting); a GPU load then runs when the device is idle (see load_binary_file).
   detail::load_binary_file(state(), path, options,
                            [st](std::error_code ec, std::string message, std::shared_ptr<detail::binary_state> b) {
                              if (ec) {

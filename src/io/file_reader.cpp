@@ -1,13 +1,18 @@
 #include "io/file_reader.hpp"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "io/io_queue.hpp"
 
@@ -137,6 +142,45 @@ std::vector<std::byte> read_whole_file_sync(const std::filesystem::path& path, s
   ::close(fd);
   if (ec) out.clear();
   return out;
+}
+
+bool read_cached_file(const std::filesystem::path& path, std::size_t max_bytes,
+                      std::unique_ptr<std::byte[]>& bytes, std::size_t& size) noexcept {
+  // Kernels before 5.12 reject RESOLVE_CACHED (EINVAL), before 5.6 openat2 itself (ENOSYS):
+  // the queue then reads every file.
+  static std::atomic<bool> unsupported{false};
+  if (unsupported.load(std::memory_order_relaxed)) return false;
+  open_how how{};
+  how.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;  // a FIFO opens without waiting
+  how.resolve = RESOLVE_CACHED;
+  const long r = ::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how);
+  if (r < 0) {
+    if (errno == ENOSYS || errno == EINVAL || errno == E2BIG)
+      unsupported.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  const int fd = static_cast<int>(r);
+  struct ::stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+      static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return false;
+  }
+  const auto n = static_cast<std::size_t>(st.st_size);
+  std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[n]);
+  std::size_t got = 0;
+  while (buf && got < n) {
+    ::iovec v{buf.get() + got, n - got};
+    const ssize_t k = ::preadv2(fd, &v, 1, static_cast<off_t>(got), RWF_NOWAIT);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;  // EAGAIN: not all cached; EOPNOTSUPP: no such reads here; 0: it shrank
+    got += static_cast<std::size_t>(k);
+  }
+  ::close(fd);
+  if (!buf || got != n) return false;
+  bytes = std::move(buf);
+  size = n;
+  return true;
 }
 
 void read_whole_file(const std::filesystem::path& path, file_callback done) {

@@ -21,6 +21,14 @@ using file_callback =
 /// for other non-regular files, std::errc::io_error for a short read (the file shrank).
 void read_whole_file(const std::filesystem::path& path, file_callback done);
 
+/// Reads all of `path` on the calling thread if that needs no wait: the path resolves from the
+/// kernel's caches alone (openat2 with RESOLVE_CACHED), it is a regular file of 1 to
+/// `max_bytes` bytes, and every byte is in the page cache (preadv2 with RWF_NOWAIT). Returns
+/// false, having read nothing it keeps, when any of that does not hold or fails (errors
+/// included): the caller then reads through the I/O queue, which reports them.
+bool read_cached_file(const std::filesystem::path& path, std::size_t max_bytes,
+                      std::unique_ptr<std::byte[]>& bytes, std::size_t& size) noexcept;
+
 /// The size of the open file `fd`, checked to be a regular file (EISDIR for a directory,
 /// EINVAL for other kinds); sets `ec` and a message naming `path` otherwise.
 std::size_t regular_file_size(int fd, const std::filesystem::path& path, std::error_code& ec,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include <asio/post.hpp>
 
@@ -276,8 +277,6 @@ struct file_load : std::enable_shared_from_this<file_load> {
   // for sniffing a raw image (PTX is recognised in its first 4 KiB); more metadata takes a
   // second read.
   static constexpr std::size_t first_read = 32 * 1024;
-  // Files read whole on the calling thread, when cached (a copy of at most this much there).
-  static constexpr std::size_t inline_file_bytes = std::size_t{1} << 20;
 
   std::string quoted_path() const { return "'" + file_path.string() + "'"; }
   // I/O errors name the path already.
@@ -292,14 +291,12 @@ struct file_load : std::enable_shared_from_this<file_load> {
   intrusive_ptr<stream_state> host_func_stream;
 
   void start() {
-    // A small file already in the page cache is read here without waiting, and a CPU device
-    // loads it here too, as it does bytes in memory: no hop to the I/O thread and back.
-    // (GPU loads keep the queue for now: their reads there are measured, these are not.)
-    if (!dev->backend->load_waits() &&
-        read_cached_file(file_path, inline_file_bytes, head, head_size)) {
-      file_size = head_size;
-      return on_head();
-    }
+    // What a CPU device loads on the calling thread from memory (an image part up to
+    // inline_cpu_load_bytes) it loads here from a file whose parts are in the page cache, read
+    // with reads that cannot wait: no hop to the I/O thread and back. Anything else, errors
+    // included, goes through the queue. (GPU loads keep the queue for now: their reads there
+    // are measured, these are not.)
+    if (!dev->backend->load_waits() && load_cached()) return;
     file_parts::open(file_path, [self = shared_from_this()](std::error_code ec, std::string message,
                                                        std::shared_ptr<file_parts> f) {
       if (ec) return self->fail(ec, std::move(message));
@@ -309,6 +306,43 @@ struct file_load : std::enable_shared_from_this<file_load> {
         return self->fail(make_error_code(errc::invalid_binary), self->quoted_path() + " is empty");
       self->read_head(std::min<std::uint64_t>(self->file_size, first_read));
     });
+  }
+
+  // The queue's path (open, read_head, on_head) on the calling thread with a cached_file;
+  // false, having reported nothing, where a read would wait (the queue then starts over).
+  bool load_cached() {
+    cached_file f;
+    if (!f.open(file_path) || f.size() == 0) return false;
+    file_size = f.size();
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(file_size, first_read));
+    for (;;) {
+      head.reset(new (std::nothrow) std::byte[n]);
+      head_size = n;
+      if (!head || !f.read(0, n, head.get())) return false;
+      const std::uint64_t meta = corabin_meta_size(std::span<const std::byte>(head.get(), n));
+      if (meta <= n || meta > file_size) break;
+      n = static_cast<std::size_t>(meta);  // the whole metadata, as read_head does
+    }
+    std::error_code ec;
+    std::string message;
+    if (!plan_load(*dev, std::span<const std::byte>(head.get(), head_size), file_size, plan, ec, message)) {
+      fail_load(ec, message);
+      return true;
+    }
+    const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
+    if (end <= head_size) {
+      load(head.get() + begin);
+      return true;
+    }
+    if (plan.part_size > inline_cpu_load_bytes) return false;
+    image.reset(new (std::nothrow) std::byte[plan.part_size]);
+    if (!image) return false;
+    const std::size_t have = begin < head_size ? static_cast<std::size_t>(head_size - begin) : 0;
+    if (have) std::memcpy(image.get(), head.get() + begin, have);
+    if (!f.read(begin + have, static_cast<std::size_t>(plan.part_size - have), image.get() + have))
+      return false;
+    load(image.get());
+    return true;
   }
 
   void read_head(std::size_t n) {
@@ -334,8 +368,6 @@ struct file_load : std::enable_shared_from_this<file_load> {
     if (!plan_load(*dev, h, file_size, plan, ec, message)) return fail_load(ec, message);
     const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
     if (end <= head_size) return load(head.get() + begin);
-    if (!file)  // read whole, and the plan (checked against the file's size) goes past it
-      return fail_load(make_error_code(errc::invalid_binary), "its image lies past the end of the file");
     try {
       image.reset(new std::byte[plan.part_size]);
     } catch (const std::bad_alloc&) {

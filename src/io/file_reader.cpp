@@ -12,7 +12,6 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
-#include <new>
 
 #include "io/io_queue.hpp"
 
@@ -144,12 +143,11 @@ std::vector<std::byte> read_whole_file_sync(const std::filesystem::path& path, s
   return out;
 }
 
-bool read_cached_file(const std::filesystem::path& path, std::size_t max_bytes,
-                      std::unique_ptr<std::byte[]>& bytes, std::size_t& size) noexcept {
+bool cached_file::open(const std::filesystem::path& path) noexcept {
   // Kernels before 5.12 reject RESOLVE_CACHED (EINVAL), before 5.6 openat2 itself (ENOSYS):
   // the queue then reads every file.
   static std::atomic<bool> unsupported{false};
-  if (unsupported.load(std::memory_order_relaxed)) return false;
+  if (fd_ >= 0 || unsupported.load(std::memory_order_relaxed)) return false;
   open_how how{};
   how.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;  // a FIFO opens without waiting
   how.resolve = RESOLVE_CACHED;
@@ -161,26 +159,30 @@ bool read_cached_file(const std::filesystem::path& path, std::size_t max_bytes,
   }
   const int fd = static_cast<int>(r);
   struct ::stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
-      static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0) {
     ::close(fd);
     return false;
   }
-  const auto n = static_cast<std::size_t>(st.st_size);
-  std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[n]);
+  fd_ = fd;
+  size_ = static_cast<std::uint64_t>(st.st_size);
+  return true;
+}
+
+bool cached_file::read(std::uint64_t offset, std::size_t len, std::byte* buf) noexcept {
+  if (fd_ < 0) return false;
   std::size_t got = 0;
-  while (buf && got < n) {
-    ::iovec v{buf.get() + got, n - got};
-    const ssize_t k = ::preadv2(fd, &v, 1, static_cast<off_t>(got), RWF_NOWAIT);
+  while (got < len) {
+    ::iovec v{buf + got, len - got};
+    const ssize_t k = ::preadv2(fd_, &v, 1, static_cast<off_t>(offset + got), RWF_NOWAIT);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) break;  // EAGAIN: not all cached; EOPNOTSUPP: no such reads here; 0: it shrank
+    if (k <= 0) return false;  // EAGAIN: not all cached; EOPNOTSUPP: no such reads here; 0: it shrank
     got += static_cast<std::size_t>(k);
   }
-  ::close(fd);
-  if (!buf || got != n) return false;
-  bytes = std::move(buf);
-  size = n;
   return true;
+}
+
+cached_file::~cached_file() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void read_whole_file(const std::filesystem::path& path, file_callback done) {

@@ -21,13 +21,29 @@ using file_callback =
 /// for other non-regular files, std::errc::io_error for a short read (the file shrank).
 void read_whole_file(const std::filesystem::path& path, file_callback done);
 
-/// Reads all of `path` on the calling thread if that needs no wait: the path resolves from the
-/// kernel's caches alone (openat2 with RESOLVE_CACHED), it is a regular file of 1 to
-/// `max_bytes` bytes, and every byte is in the page cache (preadv2 with RWF_NOWAIT). Returns
-/// false, having read nothing it keeps, when any of that does not hold or fails (errors
-/// included): the caller then reads through the I/O queue, which reports them.
-bool read_cached_file(const std::filesystem::path& path, std::size_t max_bytes,
-                      std::unique_ptr<std::byte[]>& bytes, std::size_t& size) noexcept;
+/// A regular file read on the calling thread only where that needs no wait: the path resolves
+/// from the kernel's caches alone (openat2 with RESOLVE_CACHED) and reads take pages that are in
+/// the page cache (preadv2 with RWF_NOWAIT). Where either would wait, or fails, open() or read()
+/// returns false and the caller reads through the I/O queue instead, which reports errors.
+class cached_file {
+ public:
+  cached_file() = default;
+  ~cached_file();
+  cached_file(const cached_file&) = delete;
+  cached_file& operator=(const cached_file&) = delete;
+
+  /// Opens `path` if that needs no wait and it is a regular file; false otherwise.
+  bool open(const std::filesystem::path& path) noexcept;
+  /// The file's size when it was opened.
+  std::uint64_t size() const noexcept { return size_; }
+  /// Reads all of [offset, offset + len) into `buf` if every byte of it is cached; false
+  /// otherwise (also when the file shrank).
+  bool read(std::uint64_t offset, std::size_t len, std::byte* buf) noexcept;
+
+ private:
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
 
 /// The size of the open file `fd`, checked to be a regular file (EISDIR for a directory,
 /// EINVAL for other kinds); sets `ec` and a message naming `path` otherwise.

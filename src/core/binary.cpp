@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include <asio/post.hpp>
 
@@ -270,7 +269,6 @@ struct file_load : std::enable_shared_from_this<file_load> {
   std::unique_ptr<std::byte[]> head;  // not value-initialized: every byte is read over
   std::size_t head_size = 0;
   std::unique_ptr<std::byte[]> image;
-  std::uint64_t file_size = 0;
   load_plan plan;
 
   // Enough for the metadata of a container of 25 kernels (a record is about 1.1 KiB) and
@@ -293,56 +291,26 @@ struct file_load : std::enable_shared_from_this<file_load> {
   void start() {
     // What a CPU device loads on the calling thread from memory (an image part up to
     // inline_cpu_load_bytes) it loads here from a file whose parts are in the page cache, read
-    // with reads that cannot wait: no hop to the I/O thread and back. Anything else, errors
-    // included, goes through the queue. (GPU loads keep the queue for now: their reads there
-    // are measured, these are not.)
-    if (!dev->backend->load_waits() && load_cached()) return;
+    // with an open and reads that cannot wait (here_up_to): no hop to the I/O thread and back.
+    // Anything else, errors included, goes through the queue. (GPU loads keep the queue for
+    // now: their reads there are measured, these are not.)
+    if (here_up_to() > 0)
+      if (auto f = file_parts::open_cached(file_path)) return opened(std::move(f));
     file_parts::open(file_path, [self = shared_from_this()](std::error_code ec, std::string message,
                                                        std::shared_ptr<file_parts> f) {
       if (ec) return self->fail(ec, std::move(message));
-      self->file = std::move(f);
-      self->file_size = self->file->size();
-      if (self->file_size == 0)
-        return self->fail(make_error_code(errc::invalid_binary), self->quoted_path() + " is empty");
-      self->read_head(std::min<std::uint64_t>(self->file_size, first_read));
+      self->opened(std::move(f));
     });
   }
 
-  // The queue's path (open, read_head, on_head) on the calling thread with a cached_file;
-  // false, having reported nothing, where a read would wait (the queue then starts over).
-  bool load_cached() {
-    cached_file f;
-    if (!f.open(file_path) || f.size() == 0) return false;
-    file_size = f.size();
-    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(file_size, first_read));
-    for (;;) {
-      head.reset(new (std::nothrow) std::byte[n]);
-      head_size = n;
-      if (!head || !f.read(0, n, head.get())) return false;
-      const std::uint64_t meta = corabin_meta_size(std::span<const std::byte>(head.get(), n));
-      if (meta <= n || meta > file_size) break;
-      n = static_cast<std::size_t>(meta);  // the whole metadata, as read_head does
-    }
-    std::error_code ec;
-    std::string message;
-    if (!plan_load(*dev, std::span<const std::byte>(head.get(), head_size), file_size, plan, ec, message)) {
-      fail_load(ec, message);
-      return true;
-    }
-    const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
-    if (end <= head_size) {
-      load(head.get() + begin);
-      return true;
-    }
-    if (plan.part_size > inline_cpu_load_bytes) return false;
-    image.reset(new (std::nothrow) std::byte[plan.part_size]);
-    if (!image) return false;
-    const std::size_t have = begin < head_size ? static_cast<std::size_t>(head_size - begin) : 0;
-    if (have) std::memcpy(image.get(), head.get() + begin, have);
-    if (!f.read(begin + have, static_cast<std::size_t>(plan.part_size - have), image.get() + have))
-      return false;
-    load(image.get());
-    return true;
+  std::size_t here_up_to() const noexcept {
+    return dev->backend->load_waits() ? 0 : inline_cpu_load_bytes;
+  }
+
+  void opened(std::shared_ptr<file_parts> f) {
+    file = std::move(f);
+    if (file->size() == 0) return fail(make_error_code(errc::invalid_binary), quoted_path() + " is empty");
+    read_head(std::min<std::uint64_t>(file->size(), first_read));
   }
 
   void read_head(std::size_t n) {
@@ -356,16 +324,16 @@ struct file_load : std::enable_shared_from_this<file_load> {
     file->read(0, n, head.get(), [self = shared_from_this()](std::error_code ec, std::string message) {
       if (ec) return self->fail(ec, std::move(message));
       self->on_head();
-    });
+    }, here_up_to());
   }
 
   void on_head() {
     const std::span<const std::byte> h(head.get(), head_size);
     const std::uint64_t meta = corabin_meta_size(h);
-    if (meta > head_size && meta <= file_size) return read_head(static_cast<std::size_t>(meta));
+    if (meta > head_size && meta <= file->size()) return read_head(static_cast<std::size_t>(meta));
     std::error_code ec;
     std::string message;
-    if (!plan_load(*dev, h, file_size, plan, ec, message)) return fail_load(ec, message);
+    if (!plan_load(*dev, h, file->size(), plan, ec, message)) return fail_load(ec, message);
     const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
     if (end <= head_size) return load(head.get() + begin);
     try {
@@ -381,7 +349,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
                [self = shared_from_this()](std::error_code e, std::string m) {
                  if (e) return self->fail(e, std::move(m));
                  self->load(self->image.get());
-               });
+               }, here_up_to());
   }
 
   void load(const std::byte* bytes) {

@@ -143,48 +143,6 @@ std::vector<std::byte> read_whole_file_sync(const std::filesystem::path& path, s
   return out;
 }
 
-bool cached_file::open(const std::filesystem::path& path) noexcept {
-  // Kernels before 5.12 reject RESOLVE_CACHED (EINVAL), before 5.6 openat2 itself (ENOSYS):
-  // the queue then reads every file.
-  static std::atomic<bool> unsupported{false};
-  if (fd_ >= 0 || unsupported.load(std::memory_order_relaxed)) return false;
-  open_how how{};
-  how.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;  // a FIFO opens without waiting
-  how.resolve = RESOLVE_CACHED;
-  const long r = ::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how);
-  if (r < 0) {
-    if (errno == ENOSYS || errno == EINVAL || errno == E2BIG)
-      unsupported.store(true, std::memory_order_relaxed);
-    return false;
-  }
-  const int fd = static_cast<int>(r);
-  struct ::stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0) {
-    ::close(fd);
-    return false;
-  }
-  fd_ = fd;
-  size_ = static_cast<std::uint64_t>(st.st_size);
-  return true;
-}
-
-bool cached_file::read(std::uint64_t offset, std::size_t len, std::byte* buf) noexcept {
-  if (fd_ < 0) return false;
-  std::size_t got = 0;
-  while (got < len) {
-    ::iovec v{buf + got, len - got};
-    const ssize_t k = ::preadv2(fd_, &v, 1, static_cast<off_t>(offset + got), RWF_NOWAIT);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;  // EAGAIN: not all cached; EOPNOTSUPP: no such reads here; 0: it shrank
-    got += static_cast<std::size_t>(k);
-  }
-  return true;
-}
-
-cached_file::~cached_file() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 void read_whole_file(const std::filesystem::path& path, file_callback done) {
   std::make_shared<whole_read>(io::default_queue(), path, std::move(done))->start();
 }
@@ -204,7 +162,47 @@ void file_parts::open(const std::filesystem::path& path, open_callback done) {
   });
 }
 
+std::shared_ptr<file_parts> file_parts::open_cached(const std::filesystem::path& path) noexcept {
+  // Kernels before 5.12 reject RESOLVE_CACHED (EINVAL), before 5.6 openat2 itself (ENOSYS):
+  // open() then opens every file.
+  static std::atomic<bool> unsupported{false};
+  if (unsupported.load(std::memory_order_relaxed)) return nullptr;
+  open_how how{};
+  how.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;  // a FIFO opens without waiting
+  how.resolve = RESOLVE_CACHED;
+  const long r = ::syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof how);
+  if (r < 0) {
+    if (errno == ENOSYS || errno == EINVAL || errno == E2BIG)
+      unsupported.store(true, std::memory_order_relaxed);
+    return nullptr;
+  }
+  const int fd = static_cast<int>(r);
+  try {
+    std::error_code ec;
+    std::string message;
+    const std::size_t size = regular_file_size(fd, path, ec, message);
+    if (!ec) return std::shared_ptr<file_parts>(new file_parts(path, fd, size));
+  } catch (...) {
+    // Out of memory: open() reports it.
+  }
+  ::close(fd);
+  return nullptr;
+}
+
 namespace {
+
+// Reads what the page cache holds of [offset, offset + len) without waiting; returns how much.
+std::size_t read_without_waiting(int fd, std::uint64_t offset, std::size_t len, std::byte* buf) noexcept {
+  std::size_t got = 0;
+  while (got < len) {
+    ::iovec v{buf + got, len - got};
+    const ssize_t k = ::preadv2(fd, &v, 1, static_cast<off_t>(offset + got), RWF_NOWAIT);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;  // EAGAIN: not cached; EOPNOTSUPP: no such reads; 0: the queue reports it
+    got += static_cast<std::size_t>(k);
+  }
+  return got;
+}
 
 /// One part read in flight: reads again after a partial read until all is there.
 struct part_read : std::enable_shared_from_this<part_read> {
@@ -233,8 +231,15 @@ struct part_read : std::enable_shared_from_this<part_read> {
 
 }  // namespace
 
-void file_parts::read(std::uint64_t offset, std::size_t len, std::byte* buf, read_callback done) {
+void file_parts::read(std::uint64_t offset, std::size_t len, std::byte* buf, read_callback done,
+                      std::size_t here_up_to) {
+  std::size_t got = 0;
+  if (len <= here_up_to) {
+    got = read_without_waiting(fd_, offset, len, buf);
+    if (got == len) return done({}, {});
+  }
   auto r = std::make_shared<part_read>();
+  r->got = got;  // the queue reads the rest
   r->keep = shared_from_this();  // the file stays open while its read is in flight
   r->fd = fd_;
   r->offset = offset;

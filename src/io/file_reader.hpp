@@ -21,30 +21,6 @@ using file_callback =
 /// for other non-regular files, std::errc::io_error for a short read (the file shrank).
 void read_whole_file(const std::filesystem::path& path, file_callback done);
 
-/// A regular file read on the calling thread only where that needs no wait: the path resolves
-/// from the kernel's caches alone (openat2 with RESOLVE_CACHED) and reads take pages that are in
-/// the page cache (preadv2 with RWF_NOWAIT). Where either would wait, or fails, open() or read()
-/// returns false and the caller reads through the I/O queue instead, which reports errors.
-class cached_file {
- public:
-  cached_file() = default;
-  ~cached_file();
-  cached_file(const cached_file&) = delete;
-  cached_file& operator=(const cached_file&) = delete;
-
-  /// Opens `path` if that needs no wait and it is a regular file; false otherwise.
-  bool open(const std::filesystem::path& path) noexcept;
-  /// The file's size when it was opened.
-  std::uint64_t size() const noexcept { return size_; }
-  /// Reads all of [offset, offset + len) into `buf` if every byte of it is cached; false
-  /// otherwise (also when the file shrank).
-  bool read(std::uint64_t offset, std::size_t len, std::byte* buf) noexcept;
-
- private:
-  int fd_ = -1;
-  std::uint64_t size_ = 0;
-};
-
 /// The size of the open file `fd`, checked to be a regular file (EISDIR for a directory,
 /// EINVAL for other kinds); sets `ec` and a message naming `path` otherwise.
 std::size_t regular_file_size(int fd, const std::filesystem::path& path, std::error_code& ec,
@@ -62,6 +38,10 @@ class file_parts : public std::enable_shared_from_this<file_parts> {
   /// Opens `path`; returns at once. `done` runs on the queue's thread, with the file or with
   /// read_whole_file's errors.
   static void open(const std::filesystem::path& path, open_callback done);
+  /// Opens `path` on the calling thread where that cannot wait: the path resolves from the
+  /// kernel's caches alone (openat2 with RESOLVE_CACHED) and names a regular file. Null
+  /// otherwise, errors included (open() then reports them).
+  static std::shared_ptr<file_parts> open_cached(const std::filesystem::path& path) noexcept;
 
   /// The file's size when it was opened.
   std::uint64_t size() const noexcept { return size_; }
@@ -69,7 +49,11 @@ class file_parts : public std::enable_shared_from_this<file_parts> {
 
   /// Reads all of [offset, offset + len) into `buf` (which must stay valid until `done`);
   /// returns at once. `done` runs on the queue's thread; std::errc::io_error for a short read.
-  void read(std::uint64_t offset, std::size_t len, std::byte* buf, read_callback done);
+  /// A part of at most `here_up_to` bytes whose pages are all in the page cache is read on the
+  /// calling thread instead (preadv2 with RWF_NOWAIT), and `done` runs there before read
+  /// returns.
+  void read(std::uint64_t offset, std::size_t len, std::byte* buf, read_callback done,
+            std::size_t here_up_to = 0);
 
   ~file_parts();
   file_parts(const file_parts&) = delete;

@@ -10,9 +10,11 @@
 //   CORA_SERVER_LOAD_OP           add | saxpy                            (add)
 //   CORA_SERVER_LOAD_ELEMENTS     fp32 elements per vector               (1024)
 //   CORA_SERVER_LOAD_ROUNDS       saxpy rounds                           (64)
-//   CORA_SERVER_LOAD_STREAMS      device streams of either server        (8)
-//   CORA_SERVER_LOAD_THREADS      worker threads of the cora server, and client threads
+//   CORA_SERVER_LOAD_STREAMS      device streams of either server; 0 = as many as the cora
+//                                 server's workers                       (0)
+//   CORA_SERVER_LOAD_THREADS      client threads, and worker threads of the cora server
 //                                 (hardware threads)
+//   CORA_SERVER_LOAD_SERVER_THREADS  worker threads of the cora server alone (as THREADS)
 //   CORA_SERVER_LOAD_BATCH_WINDOW_US  cora_batching's batch window; 0 = close batches when
 //                                 the device has room                    (0)
 //   CORA_SERVER_LOAD_BATCH_LAUNCHES   cora_batching's launches per worker before requests
@@ -71,8 +73,9 @@ struct load_options {
   proto::op op = proto::op::add;
   std::size_t elements = 1024;
   std::uint32_t rounds = 64;
-  unsigned streams = 8;
+  unsigned streams = 0;
   unsigned threads = 0;
+  unsigned server_threads = 0;
   unsigned batch_window_us = 0;
   unsigned batch_launches = 2;
   std::string target;
@@ -88,9 +91,13 @@ struct load_options {
       l.op = env("CORA_SERVER_LOAD_OP", "add") == "saxpy" ? proto::op::saxpy : proto::op::add;
       l.elements = std::stoul(env("CORA_SERVER_LOAD_ELEMENTS", "1024"));
       l.rounds = static_cast<std::uint32_t>(std::stoul(env("CORA_SERVER_LOAD_ROUNDS", "64")));
-      l.streams = static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_STREAMS", "8")));
+      l.streams = static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_STREAMS", "0")));
       l.threads = static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_THREADS", "0")));
       if (!l.threads) l.threads = std::max(1u, std::thread::hardware_concurrency());
+      l.server_threads =
+          static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_SERVER_THREADS", "0")));
+      if (!l.server_threads) l.server_threads = l.threads;
+      if (!l.streams) l.streams = l.server_threads;
       l.batch_window_us =
           static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_BATCH_WINDOW_US", "0")));
       l.batch_launches =
@@ -447,7 +454,7 @@ void cora_server(benchmark::State& state, std::size_t connections, bool batching
   cora::runtime rt;
   auto& dev = rt.default_device();
   kernel_server::server_options so;
-  so.threads = o.threads;
+  so.threads = o.server_threads;
   so.streams = o.streams;
   so.max_connections = connections + 16;
   so.batching = batching;

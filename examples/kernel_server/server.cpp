@@ -58,8 +58,11 @@ struct buffers {
 };
 
 /// The device streams. A stream is not held while its work runs: each launch is enqueued on
-/// the stream with the fewest launches in flight, so a long kernel does not hold up the others
-/// and any number of requests can be on the device at once.
+/// the least busy stream the worker may use, so a long kernel does not hold up the others.
+/// With at least as many streams as workers, each worker has streams of its own (worker w:
+/// streams w, w + workers, ...): no two workers enqueue on one stream, so no worker waits for
+/// another's driver call under a stream's submission lock, the cost that dominated when 16
+/// workers shared 8 streams. With fewer streams, workers share them round-robin.
 class stream_set {
  public:
   struct lane {
@@ -67,26 +70,28 @@ class stream_set {
     std::atomic<unsigned> in_flight{0};
   };
 
-  stream_set(cora::device& dev, unsigned n) {
-    for (unsigned i = 0; i < std::max(1u, n); ++i) {
+  stream_set(cora::device& dev, unsigned streams, unsigned workers)
+      : workers_(std::max(1u, workers)) {
+    for (unsigned i = 0; i < std::max(1u, streams); ++i) {
       lanes_.push_back(std::make_unique<lane>());
       lanes_.back()->stream = dev.make_stream();
     }
   }
 
-  /// The least busy stream, the worker's own (`home`) on a tie, so that workers do not
-  /// contend for one stream while others idle; counts a launch on it until done().
-  lane& pick(std::size_t home) noexcept {
+  /// The least busy stream of worker `w`, the first on a tie; counts a launch on it until
+  /// done().
+  lane& pick(std::size_t w) noexcept {
     const std::size_t n = lanes_.size();
-    const std::size_t first = home % n;
-    lane* best = lanes_[first].get();
+    lane* best = lanes_[w % n].get();
     unsigned least = best->in_flight.load(std::memory_order_relaxed);
-    for (std::size_t i = 1; i < n && least; ++i) {
-      lane* l = lanes_[(first + i) % n].get();
-      const unsigned load = l->in_flight.load(std::memory_order_relaxed);
-      if (load < least) {
-        best = l;
-        least = load;
+    if (n >= workers_) {
+      for (std::size_t i = w + workers_; i < n && least; i += workers_) {
+        lane* l = lanes_[i].get();
+        const unsigned load = l->in_flight.load(std::memory_order_relaxed);
+        if (load < least) {
+          best = l;
+          least = load;
+        }
       }
     }
     best->in_flight.fetch_add(1, std::memory_order_relaxed);
@@ -95,6 +100,7 @@ class stream_set {
   static void done(lane& l) noexcept { l.in_flight.fetch_sub(1, std::memory_order_relaxed); }
 
  private:
+  std::size_t workers_;
   std::vector<std::unique_ptr<lane>> lanes_;
 };
 
@@ -214,10 +220,12 @@ struct launch {
 // ---------------------------------------------------------------------------------------------
 
 struct server::impl {
-  impl(cora::device& d, server_options o) : dev(d), opts(std::move(o)), streams(d, opts.streams) {
+  impl(cora::device& d, server_options o)
+      : dev(d),
+        opts(std::move(o)),
+        streams(d, opts.streams ? opts.streams : worker_count(opts), worker_count(opts)) {
     opts.batch_launches = std::max(1u, opts.batch_launches);  // 0 would never close a batch
-    const unsigned n = opts.threads ? opts.threads : std::thread::hardware_concurrency();
-    for (unsigned i = 0; i < std::max(1u, n); ++i) workers.push_back(std::make_unique<worker>(i));
+    for (unsigned i = 0; i < worker_count(opts); ++i) workers.push_back(std::make_unique<worker>(i));
     acceptor.emplace(workers.front()->ctx);
     bin = dev.load_binary(opts.kernels).wait();
     k_add = bin.kernel("add_f32");
@@ -229,6 +237,10 @@ struct server::impl {
     acceptor->bind(ep);
     acceptor->listen(asio::socket_base::max_listen_connections);
     cora::spawn(workers.front()->ctx.get_executor(), accept_loop(), [](std::exception_ptr) {});
+  }
+
+  static unsigned worker_count(const server_options& o) noexcept {
+    return std::max(1u, o.threads ? o.threads : std::thread::hardware_concurrency());
   }
 
   ~impl() {

@@ -24,9 +24,11 @@ struct server_options {
   /// Worker threads, each running its own io_context with its share of the connections;
   /// 0: hardware threads.
   unsigned threads = 0;
-  /// Device streams. A stream is not held while its work runs: each launch is enqueued on the
-  /// stream with the fewest launches in flight, so any number of requests may be on the device.
-  unsigned streams = 8;
+  /// Device streams; 0: one per worker. A stream is not held while its work runs: each launch
+  /// is enqueued on the worker's stream with the fewest launches in flight, so any number of
+  /// requests may be on the device. With at least as many streams as workers, each worker
+  /// enqueues on streams of its own; with fewer, workers share them.
+  unsigned streams = 0;
   std::uint32_t max_request_bytes = 16u << 20;  ///< larger payloads get too_large and a close
   std::size_t max_connections = 4096;           ///< more get a busy reply and a close
   /// Longest time from a request's header arriving to its reply being ready; a request's own

@@ -287,14 +287,17 @@ struct file_load : std::enable_shared_from_this<file_load> {
   // The stream of the host function that asked for the load, if any (see run_when_idle); held,
   // so that no other stream takes its address before the load compares it.
   intrusive_ptr<stream_state> host_func_stream;
+  bool here = false;  // read what the page cache holds on the calling thread (start())
 
   void start() {
-    // What a CPU device loads on the calling thread from memory (an image part up to
-    // inline_cpu_load_bytes) it loads here from a file whose parts are in the page cache, read
-    // with an open and reads that cannot wait (here_up_to): no hop to the I/O thread and back.
-    // Anything else, errors included, goes through the queue. (GPU loads keep the queue for
-    // now: their reads there are measured, these are not.)
-    if (here_up_to() > 0)
+    // What loads on the calling thread from memory (an image part up to inline_cpu_load_bytes:
+    // on the CPU device always, on a GPU while its streams are idle) loads here from a file
+    // whose parts are in the page cache, read with an open and reads that cannot wait
+    // (here_up_to): no hop to the I/O thread and back. Anything else, errors included, goes
+    // through the queue.
+    // A GPU whose streams are busy loads later, on a cora thread: the reads go there too.
+    here = !dev->backend->load_waits() || dev->streams_idle();
+    if (here)
       if (auto f = file_parts::open_cached(file_path)) return opened(std::move(f));
     file_parts::open(file_path, [self = shared_from_this()](std::error_code ec, std::string message,
                                                        std::shared_ptr<file_parts> f) {
@@ -303,9 +306,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
     });
   }
 
-  std::size_t here_up_to() const noexcept {
-    return dev->backend->load_waits() ? 0 : inline_cpu_load_bytes;
-  }
+  std::size_t here_up_to() const noexcept { return here ? inline_cpu_load_bytes : 0; }
 
   void opened(std::shared_ptr<file_parts> f) {
     file = std::move(f);
@@ -370,10 +371,11 @@ struct file_load : std::enable_shared_from_this<file_load> {
       if (ec) return self->fail_load(ec, message);
       self->done({}, {}, std::move(b));
     };
-    // The CPU device's load (a checksum pass and a dlopen of a small file) runs here, on the
-    // I/O thread. A GPU load calls the driver, which waits for the device's running kernels
-    // and holds other threads' driver calls meanwhile: it runs while cora's streams are idle,
-    // here if they are now (a short driver call on a cora thread), else once they are.
+    // Here is the calling thread (a small image part read from the page cache) or the I/O
+    // thread. The CPU device's load (a checksum pass and a dlopen of a small file) runs here.
+    // A GPU load calls the driver, which waits for the device's running kernels and holds
+    // other threads' driver calls meanwhile: it runs while cora's streams are idle, here if
+    // they are now, else on a cora thread once they are.
     if (dev->backend->load_waits())
       dev->run_when_idle(std::move(run), true, host_func_stream.get());
     else if (loads_inline(*dev, plan.part_size))

@@ -10,8 +10,8 @@
 //   CORA_SERVER_LOAD_OP           add | saxpy                            (add)
 //   CORA_SERVER_LOAD_ELEMENTS     fp32 elements per vector               (1024)
 //   CORA_SERVER_LOAD_ROUNDS       saxpy rounds                           (64)
-//   CORA_SERVER_LOAD_STREAMS      device streams of either server; 0 = as many as the cora
-//                                 server's workers                       (0)
+//   CORA_SERVER_LOAD_STREAMS      device streams of either server; 0 = two per worker of
+//                                 the cora server, its default           (0)
 //   CORA_SERVER_LOAD_THREADS      client threads, and worker threads of the cora server
 //                                 (hardware threads)
 //   CORA_SERVER_LOAD_SERVER_THREADS  worker threads of the cora server alone (as THREADS)
@@ -97,7 +97,7 @@ struct load_options {
       l.server_threads =
           static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_SERVER_THREADS", "0")));
       if (!l.server_threads) l.server_threads = l.threads;
-      if (!l.streams) l.streams = l.server_threads;
+      if (!l.streams) l.streams = 2 * l.server_threads;
       l.batch_window_us =
           static_cast<unsigned>(std::stoul(env("CORA_SERVER_LOAD_BATCH_WINDOW_US", "0")));
       l.batch_launches =

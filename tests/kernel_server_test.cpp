@@ -424,6 +424,28 @@ TEST_P(kernel_server_test, DeadlineShorterThanTheKernelGivesTimeout) {
   });
 }
 
+// A worker owns two streams by default: a long kernel on one leaves the other to the worker's
+// next launches, which are answered while the kernel still runs.
+TEST_P(kernel_server_test, ALongKernelDoesNotHoldUpTheWorkersOtherRequests) {
+  with_watchdog(60s, [&] {
+    auto o = options();
+    o.threads = 1;  // one worker: every request is its
+    o.streams = 0;  // the default: two streams of its own
+    o.deadline = 10s;
+    auto srv = start(o);
+    client sleeper(srv->port());
+    sleeper.send(proto::make_sleep_request(1, 3'000'000));
+    while (srv->stats().in_flight < 1) std::this_thread::sleep_for(1ms);
+    client c(srv->port());
+    expect_add_works(c, 1000, 2);
+    expect_add_works(c, 1000, 3);
+    EXPECT_EQ(srv->stats().in_flight, 1u) << "the adds waited for the long kernel";
+    auto r = sleeper.receive();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), proto::status::ok);
+  });
+}
+
 TEST_P(kernel_server_test, DeadlinesUnderLoadLeaveTheServerHealthy) {
   with_watchdog(120s, [&] {
     auto o = options();

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   app.add_option("--port", o.port, "port to listen on (0: any free port)")->capture_default_str();
   app.add_option("--threads", o.threads, "worker threads, one io_context each (0: hardware threads)")
       ->capture_default_str();
-  app.add_option("--streams", o.streams, "device streams (0: one per worker; a worker launches on the least busy of its own)")
+  app.add_option("--streams", o.streams, "device streams (0: two per worker; a worker launches on the least busy of its own)")
       ->capture_default_str();
   app.add_option("--max-request-bytes", o.max_request_bytes, "largest payload accepted")
       ->capture_default_str();

@@ -58,11 +58,12 @@ struct buffers {
 };
 
 /// The device streams. A stream is not held while its work runs: each launch is enqueued on
-/// the least busy stream the worker may use, so a long kernel does not hold up the others.
-/// With at least as many streams as workers, each worker has streams of its own (worker w:
-/// streams w, w + workers, ...): no two workers enqueue on one stream, so no worker waits for
-/// another's driver call under a stream's submission lock, the cost that dominated when 16
-/// workers shared 8 streams. With fewer streams, workers share them round-robin.
+/// the least busy stream the worker may use. With at least as many streams as workers, each
+/// worker has streams of its own (worker w: streams w, w + workers, ...): no two workers
+/// enqueue on one stream, so none waits for another's driver call under a stream's submission
+/// lock, the cost that dominated when 16 workers shared 8 streams. Two or more per worker (the
+/// default is two) also keep a long kernel from holding up the worker's next launches. With
+/// fewer streams than workers, workers share them round-robin.
 class stream_set {
  public:
   struct lane {
@@ -223,7 +224,7 @@ struct server::impl {
   impl(cora::device& d, server_options o)
       : dev(d),
         opts(std::move(o)),
-        streams(d, opts.streams ? opts.streams : worker_count(opts), worker_count(opts)) {
+        streams(d, opts.streams ? opts.streams : 2 * worker_count(opts), worker_count(opts)) {
     opts.batch_launches = std::max(1u, opts.batch_launches);  // 0 would never close a batch
     for (unsigned i = 0; i < worker_count(opts); ++i) workers.push_back(std::make_unique<worker>(i));
     acceptor.emplace(workers.front()->ctx);

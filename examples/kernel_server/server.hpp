@@ -24,10 +24,11 @@ struct server_options {
   /// Worker threads, each running its own io_context with its share of the connections;
   /// 0: hardware threads.
   unsigned threads = 0;
-  /// Device streams; 0: one per worker. A stream is not held while its work runs: each launch
+  /// Device streams; 0: two per worker. A stream is not held while its work runs: each launch
   /// is enqueued on the worker's stream with the fewest launches in flight, so any number of
   /// requests may be on the device. With at least as many streams as workers, each worker
-  /// enqueues on streams of its own; with fewer, workers share them.
+  /// enqueues on streams of its own (with two or more, a long kernel on one does not hold up
+  /// the worker's next launch); with fewer, workers share them.
   unsigned streams = 0;
   std::uint32_t max_request_bytes = 16u << 20;  ///< larger payloads get too_large and a close
   std::size_t max_connections = 4096;           ///< more get a busy reply and a close

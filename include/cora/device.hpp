@@ -138,11 +138,13 @@ class device {
 
   // --- binaries ------------------------------------------------------------------------------
 
-  /// Loads a kernel binary from a file: read without blocking the caller's executor, then
-  /// loaded off it. Accepts .corabin containers, CPU kernel images and (on CUDA devices)
-  /// cubin, fatbin and PTX. File errors carry the path in their message. On a GPU the load
-  /// runs while cora's streams are idle (the driver's load waits for running kernels and holds
-  /// other threads' calls meanwhile): at once when they are, else after the work in flight.
+  /// Loads a kernel binary from a file, read without blocking the caller's executor. Accepts
+  /// .corabin containers, CPU kernel images and (on CUDA devices) cubin, fatbin and PTX. File
+  /// errors carry the path in their message. A small file whose pages are cached is read and
+  /// loaded on the calling thread, as bytes in memory are (below); anything else is read and
+  /// loaded off it. On a GPU the load runs while cora's streams are idle (the driver's load
+  /// waits for running kernels and holds other threads' calls meanwhile): at once when they
+  /// are, else after the work in flight.
   pending<binary> load_binary(const std::filesystem::path& path, const load_options& options = {});
   /// Loads a kernel binary from memory (the bytes are read during the call only; no temporary
   /// files). A small image loads on the calling thread when the device is idle (on a GPU:

@@ -293,9 +293,8 @@ struct file_load : std::enable_shared_from_this<file_load> {
     // What loads on the calling thread from memory (an image part up to inline_cpu_load_bytes:
     // on the CPU device always, on a GPU while its streams are idle) loads here from a file
     // whose parts are in the page cache, read with an open and reads that cannot wait
-    // (here_up_to): no hop to the I/O thread and back. Anything else, errors included, goes
-    // through the queue.
-    // A GPU whose streams are busy loads later, on a cora thread: the reads go there too.
+    // (here_up_to): no hop to the I/O thread and back. A GPU with work in flight loads later
+    // on a cora thread, so its reads go through the queue, as does anything else, errors too.
     here = !dev->backend->load_waits() || dev->streams_idle();
     if (here)
       if (auto f = file_parts::open_cached(file_path)) return opened(std::move(f));

@@ -70,8 +70,10 @@ using file_load_callback =
     std::function<void(std::error_code ec, std::string message, std::shared_ptr<binary_state> b)>;
 
 /// Loads `path` without blocking the caller: reads a container's metadata and the image it
-/// picks (not the rest) through the I/O queue, then loads it on the I/O thread (loads_inline)
-/// or the host pool. I/O errors name the path; others do not.
+/// picks (not the rest), on the calling thread where the page cache holds them and the load
+/// would run there from memory, else through the I/O queue; then loads the image as a load
+/// from memory does (here, on the I/O thread, the host pool, or once a GPU is idle). I/O
+/// errors name the path; others do not.
 void load_binary_file(std::shared_ptr<device_state> dev, const std::filesystem::path& path,
                       const load_options& options, file_load_callback done);
 

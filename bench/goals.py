@@ -145,6 +145,10 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
         r = get(results, f"load/{tag}/{src}/raw", "p50_us")
         ratio_row(f"load_binary from {src}, p50 / raw" + (" dlopen (CPU goal)" if cpu else ""), c, r,
                   1.5 if cpu else 1.2, False, f"{c:.0f} vs {r:.0f} us" if c and r else "")
+        a = get(results, f"load/{tag}/{src}/raw_unload_away", "p50_us")
+        if a:
+            ratio_row(f"load_binary from {src}, p50 / raw, unloads on another thread (info)", c, a,
+                      1.5 if cpu else 1.2, False, f"{c:.0f} vs {a:.0f} us" if c else "")
     ci = get(results, f"load/{tag}/memory/cora_inline", "p50_us")
     if ci is not None:
         r = get(results, f"load/{tag}/memory/raw", "p50_us")

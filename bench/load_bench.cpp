@@ -15,10 +15,21 @@
 // call of the entry on the CPU device.
 //
 // Unloading happens outside the timing on both sides: raw unloads synchronously after taking its
-// time; cora unloads a released binary asynchronously (on CUDA through the device's unload
-// queue, which a timer of the device-wait pool drains), and the benchmark waits until that queue
-// is empty and its last unload has returned (drain_unloads) before the next timed load, so that
-// the previous unload (dlclose, cuModuleUnload) never runs inside the next load's time.
+// time; cora unloads a dropped binary on the dropping thread too when the device is idle, as
+// here, and otherwise on a cora thread (on CUDA through the device's unload queue, which a timer
+// of the device-wait pool drains). The benchmark waits until that queue is empty and its last
+// unload has returned (drain_unloads) before the next timed load, so that a previous unload
+// (dlclose, cuModuleUnload) never runs inside the next load's time.
+//
+// Every row loads one image over and over. The CPU device keeps the memory file of an unloaded
+// image and maps it again for the same bytes, and a file load of an unchanged file then skips
+// reading and hashing the image (docs/architecture.md, "Binaries"): cora's CPU rows are that
+// steady state. A first load writes the file, as the raw memory row does.
+//
+// raw_unload_away: the raw load with each unload made on another thread (one kept for the whole
+// run). The driver loads more slowly after an unload on another thread (about 30 us more a
+// load on the H100, 20-50 us on the CPU device): what cora's loads cost when the previous
+// unload had to go to a cora thread. Information only; the goals read `raw`.
 //
 // cora_inline (memory only, information): load_binary's own work (recognising the bytes, the
 // checksums, the device load) called directly on the calling thread. load_binary itself loads
@@ -31,11 +42,14 @@
 #include <unistd.h>
 
 #include <barrier>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include <asio/post.hpp>
@@ -125,7 +139,36 @@ struct image {
   fs::path path;
 };
 
-void raw_cpu(benchmark::State& state, bool from_file) {
+/// Runs `job` on a thread of the benchmark's own, kept for the whole run, and returns once it
+/// has run. The raw sides' raw_unload_away rows unload there: what a load costs when the
+/// previous unload ran on another thread, as cora's do when the device was busy at the drop.
+void run_on_other_thread(const std::function<void()>& job) {
+  struct other_thread {
+    std::mutex mutex;
+    std::condition_variable cv;
+    const std::function<void()>* job = nullptr;
+    std::thread thread{[this] {
+      std::unique_lock lock(mutex);
+      for (;;) {
+        cv.wait(lock, [&] { return job != nullptr; });
+        (*job)();
+        job = nullptr;
+        cv.notify_all();
+      }
+    }};
+  };
+  static auto* t = [] {
+    auto* p = new other_thread;  // lives until exit: its thread never returns
+    p->thread.detach();
+    return p;
+  }();
+  std::unique_lock lock(t->mutex);
+  t->job = &job;
+  t->cv.notify_all();
+  t->cv.wait(lock, [&] { return t->job == nullptr; });
+}
+
+void raw_cpu(benchmark::State& state, bool from_file, bool unload_away) {
   image img(cora::detail::binary_kind::cpu_elf);
   cb::latencies lat;
   for (auto _ : state) {
@@ -143,12 +186,19 @@ void raw_cpu(benchmark::State& state, bool from_file) {
       }
       if (!h) throw std::runtime_error(::dlerror());
       lat.add(clk::now() - t0);
-      ::dlclose(h);
-      if (fd >= 0) ::close(fd);
+      auto unload = [&] {
+        ::dlclose(h);
+        if (fd >= 0) ::close(fd);
+      };
+      if (unload_away)
+        run_on_other_thread(unload);
+      else
+        unload();
     }
   }
   lat.report(state);
-  state.SetLabel(from_file ? "dlopen of the file" : "memfd + dlopen");
+  state.SetLabel(std::string(from_file ? "dlopen of the file" : "memfd + dlopen") +
+                 (unload_away ? ", unloaded on another thread" : ""));
 }
 
 void raw_cpu_first_launch(benchmark::State& state) {
@@ -228,7 +278,7 @@ void load_functions(const cb::raw_cuda& r, CUmodule m) {
   }
 }
 
-void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool eager) {
+void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool eager, bool unload_away) {
   image img(cora::detail::binary_kind::cuda_fatbin);
   cb::raw_cuda r(ordinal);
   cb::latencies lat;
@@ -248,12 +298,19 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool 
       }
       if (eager) load_functions(r, m);
       lat.add(clk::now() - t0);
-      r.api().cuModuleUnload(m);
+      if (unload_away)
+        run_on_other_thread([&] {
+          r.bind();
+          r.api().cuModuleUnload(m);
+        });
+      else
+        r.api().cuModuleUnload(m);
     }
   }
   lat.report(state);
   state.SetLabel(std::string(from_file ? "read the fatbin file + cuModuleLoadDataEx" : "cuModuleLoadDataEx") +
-                 (eager ? " + every function loaded and described" : ""));
+                 (eager ? " + every function loaded and described" : "") +
+                 (unload_away ? ", unloaded on another thread" : ""));
 }
 #endif
 
@@ -288,10 +345,10 @@ void cora_load_inline(benchmark::State& state, std::size_t index) {
       std::error_code ec;
       std::string message;
       const auto t0 = clk::now();
-      auto b = cora::detail::load_binary_image(st, bytes, {}, ec, message);
+      cora::binary b(cora::detail::load_binary_image(st, bytes, {}, ec, message));
       lat.add(clk::now() - t0);
       if (ec) throw std::runtime_error(message);
-      b.reset();
+      b = {};
       drain_unloads(dev);
     }
   }
@@ -324,11 +381,15 @@ const bool registered = cb::at_start([] {
       const std::string base = "load/" + d.tag + "/" + (file ? "file" : "memory") + "/";
 #if defined(CORA_HAS_CUDA)
       if (d.backend == cora::backend_kind::cuda) {
-        cb::register_once(base + "raw", raw_gpu, d.ordinal, file, false);
-        cb::register_once(base + "raw_eager", raw_gpu, d.ordinal, file, true);
+        cb::register_once(base + "raw", raw_gpu, d.ordinal, file, false, false);
+        cb::register_once(base + "raw_unload_away", raw_gpu, d.ordinal, file, false, true);
+        cb::register_once(base + "raw_eager", raw_gpu, d.ordinal, file, true, false);
       }
 #endif
-      if (d.backend == cora::backend_kind::cpu) cb::register_once(base + "raw", raw_cpu, file);
+      if (d.backend == cora::backend_kind::cpu) {
+        cb::register_once(base + "raw", raw_cpu, file, false);
+        cb::register_once(base + "raw_unload_away", raw_cpu, file, true);
+      }
       cb::register_once(base + "cora", cora_load, d.index, file);
       if (!file) cb::register_once(base + "cora_inline", cora_load_inline, d.index);
     }

@@ -1,12 +1,18 @@
 #include "cora/binary.hpp"
 
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <asio/post.hpp>
 #include <atomic>
 #include <fstream>
-#include <thread>
+#include <future>
 #include <iterator>
+#include <thread>
 #include <vector>
 
 #include "core/binary_format.hpp"
+#include "core/host_pool.hpp"
 #include "core/state.hpp"
 #include "support/device_fixture.hpp"
 
@@ -455,6 +461,104 @@ TEST_P(binary_test, LoadFromAnEmptySpanIsInvalid) {
   std::error_code ec;
   dev().load_binary(std::span<const std::byte>()).wait(ec);
   EXPECT_EQ(ec, make_error_code(errc::invalid_binary));
+}
+
+// The last handle of a binary, dropped while the device is idle, unloads it on the dropping
+// thread: the image is gone when the drop returns, with every cora thread that unloads
+// otherwise (the device-wait pool) held busy meanwhile. On the CPU device the kernel's entry
+// function lies in the loaded image, so the dynamic loader tells whether it is still mapped.
+TEST(binary_unload, TheLastHandleDroppedOnAnIdleDeviceUnloadsOnTheDroppingThread) {
+  runtime* rt = shared_runtime(backend::cpu);
+  ASSERT_NE(rt, nullptr);
+  auto& d = rt->device(0);
+  auto b = d.load_binary(read_file(kernel_file("test_kernels.corabin"))).wait();
+  void* code = b.kernel("empty").code_address();
+  ASSERT_NE(code, nullptr);
+  Dl_info info{};
+  ASSERT_NE(::dladdr(code, &info), 0) << "the loaded kernel's code is not in a loaded object";
+
+  // Both threads of the device-wait pool held until the end of the test.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> holding{0};
+  for (int i = 0; i < 2; ++i)
+    asio::post(detail::device_wait_pool(), [released, &holding] {
+      holding.fetch_add(1);
+      released.wait();
+    });
+  while (holding.load() < 2) std::this_thread::yield();
+
+  b = {};
+  const bool still_mapped = ::dladdr(code, &info) != 0;
+  release.set_value();
+  EXPECT_FALSE(still_mapped) << "the dropped binary's image was still loaded after the drop returned";
+}
+
+// The memory file (its inode) a CPU image of `b` is mapped from.
+ino_t image_file_of(const binary& b, const char* kernel) {
+  Dl_info info{};
+  if (::dladdr(b.kernel(kernel).code_address(), &info) == 0 || !info.dli_fname) return 0;
+  struct stat st {};
+  if (::stat(info.dli_fname, &st) != 0) return 0;
+  return st.st_ino;
+}
+
+// A CPU image loaded again, after its module unloaded, maps the memory file the first load wrote
+// (no second copy): from memory, and from a file unchanged since. Loaded twice at once, the two
+// stay two files, so that their globals stay apart.
+TEST(binary_unload, ACpuImageLoadedAgainMapsTheFileItsUnloadLeft) {
+  runtime* rt = shared_runtime(backend::cpu);
+  ASSERT_NE(rt, nullptr);
+  auto& d = rt->device(0);
+  const auto bytes = read_file(kernel_file("test_kernels.corabin"));
+  const auto path = temp_file("kept.corabin", bytes);
+  // Older than the file system's timestamp granularity, so that a load may trust it unchanged.
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  for (bool from_file : {false, true}) {
+    SCOPED_TRACE(from_file ? "from a file" : "from memory");
+    auto load = [&] { return from_file ? d.load_binary(path).wait() : d.load_binary(bytes).wait(); };
+    auto first = load();
+    const ino_t file = image_file_of(first, "empty");
+    ASSERT_NE(file, 0u);
+    auto second = load();
+    EXPECT_NE(image_file_of(second, "empty"), file) << "two loads at once share one image";
+    first = {};
+    second = {};
+    auto again = load();
+    EXPECT_EQ(image_file_of(again, "empty"), file) << "the image was written to a new file";
+  }
+  std::filesystem::remove(path);
+}
+
+// A file loaded once, then damaged in place (its CPU image's loaded part, same size): the next
+// load reads the image again and fails its checksum; what the first load left is not used for a
+// file that changed.
+TEST(binary_unload, AFileChangedAfterALoadIsReadAgain) {
+  runtime* rt = shared_runtime(backend::cpu);
+  ASSERT_NE(rt, nullptr);
+  auto& d = rt->device(0);
+  auto bytes = read_file(kernel_file("test_kernels.corabin"));
+  const auto path = temp_file("changed.corabin", bytes);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  d.load_binary(path).wait() = {};  // remembered with its image's key; the image file kept
+  std::error_code pe;
+  std::string pm;
+  const auto parsed = detail::parse_corabin(bytes, pe, pm);
+  ASSERT_FALSE(pe) << pm;
+  for (const auto& img : parsed.images)
+    if (img.kind == detail::binary_kind::cpu_elf) bytes[img.offset + img.load_size / 2] ^= std::byte{0xff};
+  {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);  // in place: same inode
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  try {
+    d.load_binary(path).wait();
+    ADD_FAILURE() << "the damaged file loaded";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::invalid_binary));
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -73,6 +73,13 @@ class binary {
  public:
   binary() noexcept = default;
   explicit binary(std::shared_ptr<detail::binary_state> s) noexcept : s_(std::move(s)) {}
+  binary(const binary&) noexcept = default;
+  binary(binary&&) noexcept = default;
+  /// The last handle's release unloads the code on this thread where that waits for no cora
+  /// work (the device idle), else on a cora thread once launches in flight have finished.
+  binary& operator=(const binary& other) noexcept;
+  binary& operator=(binary&& other) noexcept;
+  ~binary();
 
   /// The kernel called `name`. @throws cora::error (errc::kernel_not_found,
   /// errc::binary_unloaded).

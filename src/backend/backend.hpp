@@ -40,6 +40,16 @@ struct device_info {
 /// Kinds of kernel image a backend may load.
 enum class image_kind { cpu_elf, cuda_cubin, cuda_fatbin, cuda_ptx };
 
+/// Names the bytes of an image: the checksum the core verified them against, and their size.
+/// A backend may keep what it made of them after their module unloads, to load them again
+/// without the bytes (device::load_kept). Empty (size 0): not named.
+struct image_key {
+  std::uint64_t checksum = 0;
+  std::uint64_t size = 0;
+  explicit operator bool() const noexcept { return size != 0; }
+  friend bool operator==(const image_key&, const image_key&) = default;
+};
+
 /// One kernel parameter: size and alignment, and its offset in the backend's native block.
 struct param_desc {
   std::uint32_t size = 0;
@@ -346,6 +356,28 @@ class device {
   virtual bool accepts(image_kind kind) const = 0;
   virtual std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
                                        std::error_code& ec, std::string& message) = 0;
+  /// As load(), for bytes named by `key`: the backend may keep what it made of them once the
+  /// module unloads, for load_kept().
+  virtual std::unique_ptr<module> load_named(std::span<const std::byte> image, image_kind kind,
+                                             const image_key& key, std::error_code& ec,
+                                             std::string& message) {
+    (void)key;
+    return load(image, kind, ec, message);
+  }
+  /// Loads the bytes named `key` again from what an unloaded module of them left (load_named),
+  /// without the bytes; null with `ec` clear when nothing of them is kept (or it is in use by
+  /// a module loaded now: two loads of one image stay two modules).
+  virtual std::unique_ptr<module> load_kept(const image_key& key, image_kind kind,
+                                            std::error_code& ec, std::string& message) {
+    (void)key;
+    (void)kind;
+    (void)message;
+    ec.clear();
+    return nullptr;
+  }
+  /// Whether load_named() keeps anything, so that a core that skips reading an image's bytes
+  /// for load_kept() gains something.
+  virtual bool keeps_images() const noexcept { return false; }
 
   /// Instantiates a graph (nodes in topological order) for launches on this device's streams.
   virtual std::unique_ptr<graph_exec> instantiate(std::span<const graph_node_desc> nodes,

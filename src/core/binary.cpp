@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <vector>
 
 #include <asio/post.hpp>
 
@@ -17,8 +21,8 @@ namespace cora {
 
 namespace detail {
 
-// The module's last reference hands it to its device's unload queue (device_state::own_module):
-// unloading may wait for the device, so it never happens on the dropping thread.
+// The module's last reference unloads it (device_state::own_module): on the dropping thread only
+// when a user's handle let it go and the unload waits for nothing, else on a cora thread.
 binary_state::~binary_state() = default;
 
 std::shared_ptr<backend::module> binary_state::ensure_loaded(std::error_code& ec,
@@ -194,41 +198,27 @@ bool plan_load(device_state& dev, std::span<const std::byte> head, std::uint64_t
   return true;
 }
 
-std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
-                                           std::span<const std::byte> image,
-                                           const load_options& options, std::error_code& ec,
-                                           std::string& message) {
-  std::vector<backend::kernel_desc> declared = plan.declared;
-  bool have_declared = !declared.empty();
-  if (plan.container) {
-    corabin_image img = plan.image;
-    img.bytes = image;
-    // Every byte that is loaded is checked: the loaded part against its own checksum, or the
-    // whole image (and that part) when the whole is loaded.
-    if (image.size() == img.size ? !verify_corabin_image(img, ec, message)
-                                 : !verify_corabin_load_part(img, image, ec, message))
-      return nullptr;
-    if (img.kind == binary_kind::cpu_elf) {
-      // Checked on every load, lazy or not, before anything trusts the metadata.
-      const auto own = read_corabin_image_records(img, image, ec, message);
-      if (ec) return nullptr;
-      if (!have_declared) {
-        declared = own;
-        have_declared = true;
-      } else if (!same_as_image(declared, own, ec, message)) {
-        return nullptr;
-      }
-    }
-  }
+backend::image_key image_key_of(const load_plan& plan) noexcept {
+  if (!plan.container) return {};
+  return {plan.part_size == plan.image.size ? plan.image.checksum : plan.image.load_checksum,
+          plan.part_size};
+}
+
+namespace {
+
+/// The binary of a module loaded (or, lazily, of bytes kept for later) with its kernel records.
+std::shared_ptr<binary_state> make_binary(std::shared_ptr<device_state> dev, const load_plan& plan,
+                                          std::vector<backend::kernel_desc> declared,
+                                          bool have_declared, std::unique_ptr<backend::module> m,
+                                          std::span<const std::byte> lazy_image, std::error_code& ec,
+                                          std::string& message) {
   auto st = std::make_shared<binary_state>();
   st->device = dev;
   st->format = plan.format;
   st->image_kind = to_image_kind(plan.kind);
-  if (options.lazy && have_declared) {
-    st->image.assign(image.begin(), image.end());
+  if (!m) {
+    st->image.assign(lazy_image.begin(), lazy_image.end());
   } else {
-    auto m = dev->backend->load(image, st->image_kind, ec, message);
-    if (ec) return nullptr;
     st->module = dev->own_module(std::move(m));
     // An image without metadata lists its kernels now; otherwise each is resolved at its
     // first lookup.
@@ -246,6 +236,128 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, co
   ec.clear();
   return st;
 }
+
+}  // namespace
+
+std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
+                                           std::span<const std::byte> image,
+                                           const load_options& options, std::error_code& ec,
+                                           std::string& message,
+                                           std::vector<backend::kernel_desc>* own_records) {
+  std::vector<backend::kernel_desc> declared = plan.declared;
+  bool have_declared = !declared.empty();
+  if (plan.container) {
+    corabin_image img = plan.image;
+    img.bytes = image;
+    // Every byte that is loaded is checked: the loaded part against its own checksum, or the
+    // whole image (and that part) when the whole is loaded.
+    if (image.size() == img.size ? !verify_corabin_image(img, ec, message)
+                                 : !verify_corabin_load_part(img, image, ec, message))
+      return nullptr;
+    if (img.kind == binary_kind::cpu_elf) {
+      // Checked on every load, lazy or not, before anything trusts the metadata.
+      auto own = read_corabin_image_records(img, image, ec, message);
+      if (ec) return nullptr;
+      if (own_records) *own_records = own;
+      if (!have_declared) {
+        declared = own;
+        have_declared = true;
+      } else if (!same_as_image(declared, own, ec, message)) {
+        return nullptr;
+      }
+    }
+  }
+  if (options.lazy && have_declared)
+    return make_binary(std::move(dev), plan, std::move(declared), true, nullptr, image, ec, message);
+  const auto kind = to_image_kind(plan.kind);
+  // The bytes are verified: a module kept from the same bytes serves (no copy to write).
+  std::unique_ptr<backend::module> m;
+  if (const auto key = image_key_of(plan)) {
+    m = dev->backend->load_kept(key, kind, ec, message);
+    if (!m) m = dev->backend->load_named(image, kind, key, ec, message);
+  } else {
+    m = dev->backend->load(image, kind, ec, message);
+  }
+  if (ec) return nullptr;
+  return make_binary(std::move(dev), plan, std::move(declared), have_declared, std::move(m), {}, ec,
+                     message);
+}
+
+namespace {
+
+/// Files whose CPU image a load read and verified, by identity (file_identity): a later load of
+/// the file unchanged loads the image from the memory file that the backend kept of it
+/// (backend::device::load_kept), without reading or hashing the image again. A file written
+/// since shows another identity. Only files last changed at least `settle` before the load
+/// are recorded, so that a write within the file system's timestamp granularity of it still
+/// changes the identity.
+class known_files {
+ public:
+  struct entry {
+    file_identity file;
+    std::uint64_t offset = 0;
+    backend::image_key key;
+    std::vector<backend::kernel_desc> own;  // the image's own kernel records
+  };
+  static constexpr std::size_t max_entries = 64;
+  static constexpr std::int64_t settle_ns = 100'000'000;
+
+  static known_files& get() {
+    static auto* k = new known_files;  // never destroyed: loads may run during exit
+    return *k;
+  }
+  /// The own records of the image at `offset`, named `key`, of `file` as it is: false if the
+  /// file is not known so.
+  bool find(const file_identity& file, std::uint64_t offset, const backend::image_key& key,
+            std::vector<backend::kernel_desc>& own) const {
+    std::lock_guard lock(mutex_);
+    for (const entry& e : entries_)
+      if (e.file == file && e.offset == offset && e.key == key) {
+        own = e.own;
+        return true;
+      }
+    return false;
+  }
+  void add(entry e) noexcept {
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    if (e.file.changed_ns > std::int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec - settle_ns) return;
+    try {
+      std::lock_guard lock(mutex_);
+      std::erase_if(entries_, [&](const entry& k) {
+        return k.file.device == e.file.device && k.file.inode == e.file.inode && k.offset == e.offset;
+      });
+      entries_.push_back(std::move(e));
+      if (entries_.size() > max_entries) entries_.pop_front();
+    } catch (...) {
+      // Out of memory: the file is read again next time.
+    }
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::deque<entry> entries_;  // the oldest first
+};
+
+/// The binary of a known file's CPU image (known_files), from the memory file the backend kept;
+/// null with `ec` clear if it kept none (the image is then read).
+std::shared_ptr<binary_state> load_known(std::shared_ptr<device_state> dev, const load_plan& plan,
+                                         const std::vector<backend::kernel_desc>& own,
+                                         std::error_code& ec, std::string& message) {
+  std::vector<backend::kernel_desc> declared = plan.declared;
+  if (declared.empty())
+    declared = own;
+  else if (!same_as_image(declared, own, ec, message))
+    return nullptr;
+  auto m = dev->backend->load_kept(image_key_of(plan), to_image_kind(plan.kind), ec, message);
+  if (!m) {
+    ec.clear();
+    return nullptr;
+  }
+  return make_binary(std::move(dev), plan, std::move(declared), true, std::move(m), {}, ec, message);
+}
+
+}  // namespace
 
 std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> dev,
                                                 std::span<const std::byte> bytes,
@@ -270,6 +382,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
   std::size_t head_size = 0;
   std::unique_ptr<std::byte[]> image;
   load_plan plan;
+  file_identity identity;  // of the file when opened
 
   // Enough for the metadata of a container of 25 kernels (a record is about 1.1 KiB) and
   // for sniffing a raw image (PTX is recognised in its first 4 KiB); more metadata takes a
@@ -309,6 +422,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
 
   void opened(std::shared_ptr<file_parts> f) {
     file = std::move(f);
+    identity = file->identity();
     if (file->size() == 0) return fail(make_error_code(errc::invalid_binary), quoted_path() + " is empty");
     read_head(std::min<std::uint64_t>(file->size(), first_read));
   }
@@ -334,6 +448,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
     std::error_code ec;
     std::string message;
     if (!plan_load(*dev, h, file->size(), plan, ec, message)) return fail_load(ec, message);
+    if (load_known_image()) return;
     const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
     if (end <= head_size) return load(head.get() + begin);
     try {
@@ -352,6 +467,37 @@ struct file_load : std::enable_shared_from_this<file_load> {
                }, here_up_to());
   }
 
+  /// Whether the image is the CPU one of a known file (known_files), to load here, from the
+  /// memory file the device kept of it, without reading it.
+  bool keeps_known_images() const {
+    return plan.container && plan.kind == binary_kind::cpu_elf && !options.lazy &&
+           dev->backend->keeps_images() && loads_inline(*dev, plan.part_size);
+  }
+
+  /// Loads a known file's image without reading it; false if it is not known or nothing of it
+  /// is kept (then it is read).
+  bool load_known_image() {
+    if (!keeps_known_images() || dev->shut_down.load(std::memory_order_acquire)) return false;
+    std::vector<backend::kernel_desc> own;
+    if (!known_files::get().find(identity, plan.image.offset, image_key_of(plan), own)) return false;
+    std::error_code ec;
+    std::string message;
+    std::shared_ptr<binary_state> b;
+    try {
+      b = load_known(dev, plan, own, ec, message);
+    } catch (...) {
+      return false;  // out of memory: the usual way reports what still fails
+    }
+    if (ec) {
+      fail_load(ec, message);
+      return true;
+    }
+    if (!b) return false;
+    file.reset();
+    done({}, {}, std::move(b));
+    return true;
+  }
+
   void load(const std::byte* bytes) {
     file.reset();  // closed before a long load
     auto run = [self = shared_from_this(), bytes] {
@@ -360,14 +506,18 @@ struct file_load : std::enable_shared_from_this<file_load> {
       if (self->dev->shut_down.load(std::memory_order_acquire))
         return self->fail(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
       std::shared_ptr<binary_state> b;
+      const bool record = self->keeps_known_images();
+      std::vector<backend::kernel_desc> own;
       try {
         b = load_planned(self->dev, self->plan, std::span(bytes, self->plan.part_size),
-                         self->options, ec, message);
+                         self->options, ec, message, record ? &own : nullptr);
       } catch (...) {
         ec = std::make_error_code(std::errc::not_enough_memory);
         message = "out of memory while loading the image";
       }
       if (ec) return self->fail_load(ec, message);
+      if (record)
+        known_files::get().add({self->identity, self->plan.image.offset, image_key_of(self->plan), std::move(own)});
       self->done({}, {}, std::move(b));
     };
     // Here is the calling thread (a small image part read from the page cache) or the I/O
@@ -607,7 +757,29 @@ std::vector<std::string> binary::kernel_names() const {
 
 std::string binary::format() const { return s_ ? s_->format : std::string(); }
 
+binary& binary::operator=(const binary& other) noexcept {
+  if (this != &other) {
+    detail::handle_release here;
+    s_ = other.s_;
+  }
+  return *this;
+}
+
+binary& binary::operator=(binary&& other) noexcept {
+  if (this != &other) {
+    detail::handle_release here;
+    s_ = std::move(other.s_);
+  }
+  return *this;
+}
+
+binary::~binary() {
+  detail::handle_release here;
+  s_.reset();
+}
+
 void binary::unload(std::error_code& ec) {
+  detail::handle_release here;  // declared first: `last` below goes within it
   if (!s_) {
     detail::set_error(ec, errc::invalid_handle, "empty binary handle");
     return;

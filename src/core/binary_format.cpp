@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
-#include <set>
+#include <string_view>
 
 #include "cora/detail/arg_layout.hpp"
 #include "cora/detail/cpu_kernel_abi.h"
@@ -166,7 +166,8 @@ bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
   if (n > max_kernels) return fail(ec, message, "too many kernel records");
   if (count_hint != std::numeric_limits<std::uint64_t>::max() && n != count_hint)
     return fail(ec, message, "kernel record count does not match the header");
-  std::set<std::string> names;
+  const std::size_t first = out.size();
+  out.reserve(first + n);
   for (std::size_t i = 0; i < n; ++i) {
     cora_kernel_record r;
     std::memcpy(&r, section.data() + i * rs, rs);
@@ -177,8 +178,6 @@ bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
     backend::kernel_desc k;
     if (!valid_kernel_name(r.name, sizeof(r.name), k.name))
       return fail(ec, message, "kernel record " + std::to_string(i) + " has an invalid name");
-    if (!names.insert(k.name).second)
-      return fail(ec, message, "kernel '" + k.name + "' is defined twice");
     if (r.flags & CORA_KERNEL_FLAG_HAS_ENTRY_KEY) k.entry_key = r.entry_key;
     k.form = r.flags & (CORA_KERNEL_FLAG_PHASED | CORA_KERNEL_FLAG_RAW_BARRIER);
     k.params.reserve(r.param_count);
@@ -198,6 +197,13 @@ bool read_records(std::span<const std::byte> section, std::uint64_t count_hint,
     if (!ok) return fail(ec, message, "kernel '" + k.name + "' takes over 64 KiB of arguments");
     out.push_back(std::move(k));
   }
+  // Names are unique: sorted views of them (no copies; a load reads these records every time).
+  std::vector<std::string_view> names;
+  names.reserve(n);
+  for (std::size_t i = first; i < out.size(); ++i) names.push_back(out[i].name);
+  std::sort(names.begin(), names.end());
+  if (auto twice = std::adjacent_find(names.begin(), names.end()); twice != names.end())
+    return fail(ec, message, "kernel '" + std::string(*twice) + "' is defined twice");
   return true;
 }
 

@@ -661,13 +661,36 @@ void device_state::retire_stream(std::unique_ptr<backend::stream> s, bool reusab
 // ---------------------------------------------------------------------------------------------
 // module unloads
 
+namespace {
+thread_local unsigned handle_releases = 0;
+}  // namespace
+
+handle_release::handle_release() noexcept { ++handle_releases; }
+handle_release::~handle_release() { --handle_releases; }
+bool handle_release::active() noexcept { return handle_releases > 0; }
+
 std::shared_ptr<backend::module> device_state::own_module(std::unique_ptr<backend::module> m) {
   std::weak_ptr<device_state> owner = weak_from_this();
   return std::shared_ptr<backend::module>(m.release(), [owner](backend::module* raw) noexcept {
     std::unique_ptr<backend::module> last(raw);
+    // A user's handle let it go: unloaded here when that waits for nothing, so that the
+    // user's next load on this thread finds the driver's state where the unload left it
+    // (docs/architecture.md, "Memory and resources").
+    if (handle_release::active()) {
+      if (auto dev = owner.lock(); dev && dev->unload_here(last)) {
+        // The device's last reference must not go on this thread either (see below).
+        if (dev.use_count() == 1) {
+          try {
+            asio::post(device_wait_pool(), [dev = std::move(dev)] {});
+          } catch (...) {
+          }
+        }
+        return;
+      }
+    }
     // Handed to a cora thread first: the device's last reference may go with the module, and
     // neither its destruction nor the unload may run inside whatever dropped the module (a
-    // poll step, a completion handler, a user's thread).
+    // poll step, a completion handler, a user's thread while the device is busy).
     try {
       asio::post(device_wait_pool(), [owner, m = std::move(last)]() mutable {
         auto dev = owner.lock();
@@ -680,6 +703,21 @@ std::shared_ptr<backend::module> device_state::own_module(std::unique_ptr<backen
       // No memory to post: unload here rather than never.
     }
   });
+}
+
+bool device_state::unload_here(std::unique_ptr<backend::module>& m) noexcept {
+  // Not on the engine thread: an unload there would hold up every other wait's completion.
+  if (shut_down.load(std::memory_order_acquire) || engine::get().on_engine_thread()) return false;
+  if (!backend->unload_waits()) {
+    m.reset();
+    return true;
+  }
+  try {
+    // On an idle device, with every submission lock held, the unload waits for no cora kernel.
+    return streams_idle() && run_while_idle([&m] { m.reset(); });
+  } catch (...) {
+    return false;
+  }
 }
 
 void device_state::unload_later(std::unique_ptr<backend::module> m) noexcept {

@@ -135,6 +135,8 @@ class engine {
   /// driver calls and releases of the pass it was in have returned, or until `deadline`.
   /// Returns false at the deadline. For the exit handler (core/process_exit.hpp).
   bool barrier(clock::time_point deadline) noexcept;
+  /// True on the engine thread (which also runs the handlers of waits without an executor).
+  bool on_engine_thread() const noexcept { return std::this_thread::get_id() == thread_id_; }
 
  private:
   engine();

@@ -199,10 +199,16 @@ class device_state : public std::enable_shared_from_this<device_state> {
   /// the keep-alive of the op that will use it).
   memory_region classify(const void* p, std::size_t bytes, std::error_code& ec, alloc_ref* keep) const;
 
-  /// Owns a module the backend just loaded: when its last reference goes (the binary's, or a
-  /// launch's in flight), it is handed to a cora thread, which unloads it or, where unloading
-  /// waits for the device, queues it (unload_later); never unloaded on the dropping thread.
+  /// Owns a module the backend just loaded. When its last reference goes with a user's binary
+  /// handle (handle_release) on a thread other than the engine's, it is unloaded right there
+  /// if that waits for nothing: where unloading waits for the device, only while the device is
+  /// idle (run_while_idle). Otherwise (a launch's keep-alive, a busy device) it is handed to a
+  /// cora thread, which unloads it or, where unloading waits for the device, queues it
+  /// (unload_later).
   std::shared_ptr<backend::module> own_module(std::unique_ptr<backend::module> m);
+  /// Unloads `m` on the calling thread if that waits for no cora work (see own_module); false,
+  /// `m` untouched, if not.
+  bool unload_here(std::unique_ptr<backend::module>& m) noexcept;
   /// Queues `m` for a cora thread to unload where unloading waits for the device (CUDA's
   /// cuModuleUnload, which also holds other threads' driver calls while it waits): only once
   /// this device's streams are idle, with their submission locks held, or when the queue grows
@@ -626,6 +632,20 @@ op_handle stream_state::enqueue(Submit&& submit, op_keep keep) {
   if (drop && !drop->empty()) release_trimmed(*drop);
   return op_handle(intrusive_ptr<completion_source>::share(this), seq);
 }
+
+/// Marks the calling thread, for its lifetime, as releasing a user's binary handle: a module
+/// whose last reference goes meanwhile may be unloaded on this thread (device_state::own_module).
+/// The driver is faster to load a module where the previous one was unloaded, so a thread that
+/// drops and loads binaries in turn keeps both on itself.
+class handle_release {
+ public:
+  handle_release() noexcept;
+  ~handle_release();
+  handle_release(const handle_release&) = delete;
+  handle_release& operator=(const handle_release&) = delete;
+  /// True within a handle_release on the calling thread.
+  static bool active() noexcept;
+};
 
 class binary_state {
  public:

@@ -33,7 +33,7 @@ std::string short_read(const std::filesystem::path& path, std::size_t got, std::
 }  // namespace
 
 std::size_t regular_file_size(int fd, const std::filesystem::path& path, std::error_code& ec,
-                              std::string& message) {
+                              std::string& message, file_identity* identity) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ec = sys_error(errno);
@@ -46,6 +46,11 @@ std::size_t regular_file_size(int fd, const std::filesystem::path& path, std::er
     message = S_ISDIR(st.st_mode) ? describe("cannot read", path, err)
                                   : "cannot read '" + path.string() + "': not a regular file";
     return 0;
+  }
+  if (identity) {
+    auto ns = [](const timespec& t) { return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; };
+    *identity = {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+                 static_cast<std::uint64_t>(st.st_size), ns(st.st_mtim), ns(st.st_ctim)};
   }
   return static_cast<std::size_t>(st.st_size);
 }
@@ -153,12 +158,13 @@ void file_parts::open(const std::filesystem::path& path, open_callback done) {
     if (res < 0) return done(sys_error(-res), describe("cannot open", path, -res), nullptr);
     std::error_code ec;
     std::string message;
-    const std::size_t size = regular_file_size(res, path, ec, message);
+    file_identity id;
+    regular_file_size(res, path, ec, message, &id);
     if (ec) {
       q.close(res);
       return done(ec, std::move(message), nullptr);
     }
-    done({}, {}, std::shared_ptr<file_parts>(new file_parts(path, res, size)));
+    done({}, {}, std::shared_ptr<file_parts>(new file_parts(path, res, id, false)));
   });
 }
 
@@ -180,8 +186,9 @@ std::shared_ptr<file_parts> file_parts::open_cached(const std::filesystem::path&
   try {
     std::error_code ec;
     std::string message;
-    const std::size_t size = regular_file_size(fd, path, ec, message);
-    if (!ec) return std::shared_ptr<file_parts>(new file_parts(path, fd, size));
+    file_identity id;
+    regular_file_size(fd, path, ec, message, &id);
+    if (!ec) return std::shared_ptr<file_parts>(new file_parts(path, fd, id, true));
   } catch (...) {
     // Out of memory: open() reports it.
   }
@@ -250,7 +257,11 @@ void file_parts::read(std::uint64_t offset, std::size_t len, std::byte* buf, rea
 }
 
 file_parts::~file_parts() {
-  if (fd_ >= 0) io::default_queue().close(fd_);
+  if (fd_ < 0) return;
+  if (opened_here_)
+    ::close(fd_);
+  else
+    io::default_queue().close(fd_);
 }
 
 }  // namespace cora::detail

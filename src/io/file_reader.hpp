@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -21,10 +22,22 @@ using file_callback =
 /// for other non-regular files, std::errc::io_error for a short read (the file shrank).
 void read_whole_file(const std::filesystem::path& path, file_callback done);
 
+/// What tells one state of a file from another: the file (device, inode), its size and its
+/// modification and change times (nanoseconds since the epoch).
+struct file_identity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  std::uint64_t size = 0;
+  std::int64_t modified_ns = 0;
+  std::int64_t changed_ns = 0;
+  friend bool operator==(const file_identity&, const file_identity&) = default;
+};
+
 /// The size of the open file `fd`, checked to be a regular file (EISDIR for a directory,
-/// EINVAL for other kinds); sets `ec` and a message naming `path` otherwise.
+/// EINVAL for other kinds); sets `ec` and a message naming `path` otherwise. `identity`, if
+/// given, receives the file's identity.
 std::size_t regular_file_size(int fd, const std::filesystem::path& path, std::error_code& ec,
-                              std::string& message);
+                              std::string& message, file_identity* identity = nullptr);
 
 /// A regular file open for reads of chosen parts through the process's I/O queue, so that a
 /// loader reads what it needs of a large file (a container's metadata and one image), not all
@@ -40,11 +53,14 @@ class file_parts : public std::enable_shared_from_this<file_parts> {
   static void open(const std::filesystem::path& path, open_callback done);
   /// Opens `path` on the calling thread where that cannot wait: the path resolves from the
   /// kernel's caches alone (openat2 with RESOLVE_CACHED) and names a regular file. Null
-  /// otherwise, errors included (open() then reports them).
+  /// otherwise, errors included (open() then reports them). Such a file is closed on the thread
+  /// that drops it last (a close of a file only read does not wait), not through the queue.
   static std::shared_ptr<file_parts> open_cached(const std::filesystem::path& path) noexcept;
 
   /// The file's size when it was opened.
-  std::uint64_t size() const noexcept { return size_; }
+  std::uint64_t size() const noexcept { return identity_.size; }
+  /// The file's identity when it was opened.
+  const file_identity& identity() const noexcept { return identity_; }
   const std::filesystem::path& path() const noexcept { return path_; }
 
   /// Reads all of [offset, offset + len) into `buf` (which must stay valid until `done`);
@@ -60,11 +76,12 @@ class file_parts : public std::enable_shared_from_this<file_parts> {
   file_parts& operator=(const file_parts&) = delete;
 
  private:
-  file_parts(std::filesystem::path path, int fd, std::uint64_t size)
-      : path_(std::move(path)), fd_(fd), size_(size) {}
+  file_parts(std::filesystem::path path, int fd, const file_identity& identity, bool opened_here)
+      : path_(std::move(path)), fd_(fd), identity_(identity), opened_here_(opened_here) {}
   std::filesystem::path path_;
   int fd_;
-  std::uint64_t size_;
+  file_identity identity_;
+  bool opened_here_;  // by open_cached: closed where the last reference goes, as it was opened
 };
 
 /// Reads all of `path` on the calling thread (blocking), with the same errors.

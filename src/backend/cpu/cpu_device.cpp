@@ -761,6 +761,24 @@ std::unique_ptr<module> cpu_device::load(std::span<const std::byte> image, image
   return cpu_module::load(image, ec, message, globals_);
 }
 
+std::unique_ptr<module> cpu_device::load_named(std::span<const std::byte> image, image_kind kind,
+                                               const image_key& key, std::error_code& ec,
+                                               std::string& message) {
+  if (lost() || kind != image_kind::cpu_elf) return load(image, kind, ec, message);
+  return cpu_module::load(image, ec, message, globals_, kept_, key);
+}
+
+std::unique_ptr<module> cpu_device::load_kept(const image_key& key, image_kind kind,
+                                              std::error_code& ec, std::string& message) {
+  ec.clear();
+  if (lost() || kind != image_kind::cpu_elf || !key) return nullptr;
+  const int fd = kept_->take(key);
+  if (fd < 0) return nullptr;
+  auto m = cpu_module::reopen(fd, ec, message, globals_, kept_, key);
+  if (ec) ec.clear();  // not loaded again: the caller loads the bytes
+  return m;
+}
+
 void cpu_device::add_stream(cpu_stream* s) {
   std::lock_guard lock(streams_mutex_);
   streams_.insert(s);

@@ -278,6 +278,12 @@ class cpu_device final : public device {
   bool accepts(image_kind kind) const override { return kind == image_kind::cpu_elf; }
   std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
                                std::error_code& ec, std::string& message) override;
+  std::unique_ptr<module> load_named(std::span<const std::byte> image, image_kind kind,
+                                     const image_key& key, std::error_code& ec,
+                                     std::string& message) override;
+  std::unique_ptr<module> load_kept(const image_key& key, image_kind kind, std::error_code& ec,
+                                    std::string& message) override;
+  bool keeps_images() const noexcept override { return true; }
   /// The globals of loaded images that were looked up are device memory (see global_ranges).
   foreign_memory describe_pointer(const void* p) noexcept override {
     const auto [base, size] = globals_->find(p);
@@ -343,6 +349,7 @@ class cpu_device final : public device {
   std::atomic<bool> lost_{false};
   fault_injection faults_;
   std::shared_ptr<global_ranges> globals_ = std::make_shared<global_ranges>();
+  std::shared_ptr<kept_images> kept_ = std::make_shared<kept_images>();
   std::mutex streams_mutex_;
   std::set<cpu_stream*> streams_;
   // Value waits whose condition did not hold when they started, polled by value_thread_

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <elf.h>
+#include <fcntl.h>
 #include <link.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -53,9 +54,45 @@ std::pair<std::uintptr_t, std::size_t> global_ranges::find(const void* p) const 
   return *it;
 }
 
+kept_images::~kept_images() {
+  for (const entry& e : files_) ::close(e.fd);
+}
+
+void kept_images::keep(const image_key& key, int fd) noexcept {
+  std::lock_guard lock(mutex_);
+  const bool known = std::any_of(files_.begin(), files_.end(), [&](const entry& e) { return e.key == key; });
+  if (known || key.size > max_bytes) {
+    ::close(fd);
+    return;
+  }
+  try {
+    files_.push_back({key, fd});
+  } catch (...) {
+    ::close(fd);
+    return;
+  }
+  bytes_ += key.size;
+  while (files_.size() > max_files || bytes_ > max_bytes) {
+    bytes_ -= files_.front().key.size;
+    ::close(files_.front().fd);
+    files_.pop_front();
+  }
+}
+
+int kept_images::take(const image_key& key) noexcept {
+  std::lock_guard lock(mutex_);
+  auto it = std::find_if(files_.begin(), files_.end(), [&](const entry& e) { return e.key == key; });
+  if (it == files_.end()) return -1;
+  const int fd = it->fd;
+  bytes_ -= it->key.size;
+  files_.erase(it);
+  return fd;
+}
+
 std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, std::error_code& ec,
                                              std::string& message,
-                                             std::shared_ptr<global_ranges> globals) {
+                                             std::shared_ptr<global_ranges> globals,
+                                             std::shared_ptr<kept_images> kept, const image_key& key) {
   // The kernel records were read and checked by the core (against the container's metadata,
   // which its checksum covers); entries are found by name at their first lookup.
   // dlopen needs a file: an anonymous memory file, never a path on disk. The core passes the
@@ -73,7 +110,7 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
   std::memcpy(&eh, image.data(), sizeof(eh));
   const bool table_inside = eh.e_shoff <= size && eh.e_shentsize == sizeof(Elf64_Shdr) &&
                             (size - eh.e_shoff) / sizeof(Elf64_Shdr) >= eh.e_shnum;
-  const int fd = ::memfd_create("cora-kernel-image", MFD_CLOEXEC);
+  const int fd = ::memfd_create("cora-kernel-image", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     ec = std::error_code(errno, std::system_category());
     message = "memfd_create failed";
@@ -95,6 +132,22 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
     ::close(fd);
     return nullptr;
   }
+  // A file kept for later loads must stay these bytes: sealed against any change.
+  if (kept && key && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+    kept = nullptr;
+  return open(fd, ec, message, std::move(globals), std::move(kept), key);
+}
+
+std::unique_ptr<cpu_module> cpu_module::reopen(int fd, std::error_code& ec, std::string& message,
+                                               std::shared_ptr<global_ranges> globals,
+                                               std::shared_ptr<kept_images> kept,
+                                               const image_key& key) {
+  return open(fd, ec, message, std::move(globals), std::move(kept), key);
+}
+
+std::unique_ptr<cpu_module> cpu_module::open(int fd, std::error_code& ec, std::string& message,
+                                             std::shared_ptr<global_ranges> globals,
+                                             std::shared_ptr<kept_images> kept, const image_key& key) {
   // The file stays open while the image is loaded: dlopen returns an already loaded object of
   // the same name, and "/proc/self/fd/N" names repeat once N is closed and reused.
   const std::string path = "/proc/self/fd/" + std::to_string(fd);
@@ -110,6 +163,10 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
   m->handle_ = handle;
   m->globals_ = std::move(globals);
   m->fd_ = fd;
+  if (key) {
+    m->kept_ = std::move(kept);
+    m->key_ = key;
+  }
   ec.clear();
   return m;
 }
@@ -127,7 +184,11 @@ cpu_module::~cpu_module() {
     ::dlclose(still);
     return;
   }
-  ::close(fd_);
+  // Unloaded for good: a later load of the same bytes may map this file again.
+  if (kept_)
+    kept_->keep(key_, fd_);
+  else
+    ::close(fd_);
 }
 
 void* cpu_module::function(std::size_t index, std::error_code& ec, std::string& message) {

@@ -260,14 +260,16 @@ void cora_reduce(benchmark::State& state, std::size_t index) {
   state.SetLabel(gpu ? "cora, 1024 blocks of 256" : "cora, a block of 64 a worker, input first-touched by the calling thread");
 }
 
-void raw_cpu(benchmark::State& state, what w) {
+/// `one_buffer` (add only, information): x, y and z laid out as cora's side lays them out, one
+/// after the other in one allocation, instead of three allocations.
+void raw_cpu(benchmark::State& state, what w, bool one_buffer = false) {
   const std::size_t bytes = w == what::add ? add_elements(false) * sizeof(float) : copy_bytes(false);
   const std::size_t n = bytes / sizeof(float);
-  page_buffer a(bytes), b(bytes), c(bytes);
-  first_touch(a.p, b.p, c.p, n);
+  page_buffer a(one_buffer ? 3 * bytes : bytes), b(one_buffer ? 4096 : bytes), c(one_buffer ? 4096 : bytes);
   float* const x = a.p;
-  const float* const y = b.p;
-  float* const z = c.p;
+  float* const y = one_buffer ? a.p + n : b.p;
+  float* const z = one_buffer ? a.p + 2 * n : c.p;
+  first_touch(x, y, z, n);
   for (auto _ : state) {
     const auto t0 = clk::now();
     for (int r = 0; r < reps(); ++r) {
@@ -284,7 +286,8 @@ void raw_cpu(benchmark::State& state, what w) {
     report(state, static_cast<double>(bytes) * reps() * (w == what::add ? 3 : 1), cb::seconds_since(t0));
   }
   if (w == what::add) check_sum(z, n);
-  state.SetLabel("plain threads, inputs first-touched by the calling thread");
+  state.SetLabel(one_buffer ? "plain threads, x, y and z in one allocation as on cora's side (information)"
+                            : "plain threads, inputs first-touched by the calling thread");
 }
 
 #if defined(CORA_HAS_CUDA)
@@ -335,14 +338,17 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, what w) {
 #endif
 
 cora::task<void> enqueue_and_await(cora::stream& s, what w, void* dst, const void* src, std::size_t bytes,
-                                   const cora::kernel* add, const cora::launch_config* cfg, float* x, std::uint64_t n) {
+                                   const cora::kernel* add, const cora::launch_config* cfg, float* x,
+                                   float* y, float* z, std::uint64_t n) {
   cora::pending<void> last;
   for (int i = 0; i < reps(); ++i)
-    last = w == what::add ? s.launch(*add, *cfg, x, x + n, x + 2 * n, n) : s.copy(dst, src, bytes);
+    last = w == what::add ? s.launch(*add, *cfg, x, y, z, n) : s.copy(dst, src, bytes);
   co_await last;
 }
 
-void cora_bw(benchmark::State& state, std::size_t index, what w) {
+/// `three_buffers` (add on the CPU device, information): x, y and z in three allocations, as
+/// on the raw side, instead of one.
+void cora_bw(benchmark::State& state, std::size_t index, what w, bool three_buffers = false) {
   const auto policy = cora::completion_policy::hybrid;
   auto& dev = cb::shared_runtime(policy).device(index);
   const bool gpu = dev.backend() == cora::backend_kind::cuda;
@@ -350,31 +356,36 @@ void cora_bw(benchmark::State& state, std::size_t index, what w) {
   if (w == what::add) {
     const std::size_t n = add_elements(gpu);
     auto add = cb::test_kernels(policy, index).kernel("add_f32");
-    auto buf = dev.alloc<float>(3 * n);
+    auto buf = dev.alloc<float>(three_buffers ? n : 3 * n);
+    auto buf_y = dev.alloc<float>(three_buffers ? n : 1), buf_z = dev.alloc<float>(three_buffers ? n : 1);
+    float* const x = buf.data();
+    float* const y = three_buffers ? buf_y.data() : x + n;
+    float* const z = three_buffers ? buf_z.data() : x + 2 * n;
     // The CPU device's memory is the process's: touched like the raw side's. On a GPU the
     // inputs are filled on the device.
     if (!gpu) {
-      first_touch(buf.data(), buf.data() + n, buf.data() + 2 * n, n);
+      first_touch(x, y, z, n);
     } else {
       std::vector<float> init(n);
       std::fill(init.begin(), init.end(), 1.0f);
-      s.copy(buf.data(), init.data(), n * sizeof(float)).wait();
+      s.copy(x, init.data(), n * sizeof(float)).wait();
       std::fill(init.begin(), init.end(), 2.0f);
-      s.copy(buf.data() + n, init.data(), n * sizeof(float)).wait();
+      s.copy(y, init.data(), n * sizeof(float)).wait();
     }
     cora::launch_config cfg;
     cfg.grid = gpu ? static_cast<std::uint32_t>((n + 255) / 256) : dev.properties().compute_units;
     cfg.block = gpu ? 256u : 1u;
-    s.launch(add, cfg, buf.data(), buf.data() + n, buf.data() + 2 * n, std::uint64_t{n}).wait();
+    s.launch(add, cfg, x, y, z, std::uint64_t{n}).wait();
     for (auto _ : state) {
       const auto t0 = clk::now();
-      cora::sync_wait(enqueue_and_await(s, w, nullptr, nullptr, 0, &add, &cfg, buf.data(), n));
+      cora::sync_wait(enqueue_and_await(s, w, nullptr, nullptr, 0, &add, &cfg, x, y, z, n));
       report(state, 12.0 * static_cast<double>(n) * reps(), cb::seconds_since(t0));
     }
     std::vector<float> out(n);
-    s.copy(out.data(), buf.data() + 2 * n, n * sizeof(float)).wait();
+    s.copy(out.data(), z, n * sizeof(float)).wait();
     check_sum(out.data(), n);
-    state.SetLabel(gpu ? "cora" : "cora, inputs first-touched by the calling thread");
+    state.SetLabel(gpu ? "cora" : three_buffers ? "cora, x, y and z in three allocations as on the raw side (information)"
+                                                : "cora, inputs first-touched by the calling thread");
     return;
   } else {
     const std::size_t bytes = copy_bytes(gpu);
@@ -386,7 +397,7 @@ void cora_bw(benchmark::State& state, std::size_t index, what w) {
     s.copy(dst, src, bytes).wait();
     for (auto _ : state) {
       const auto t0 = clk::now();
-      cora::sync_wait(enqueue_and_await(s, w, dst, src, bytes, nullptr, nullptr, nullptr, 0));
+      cora::sync_wait(enqueue_and_await(s, w, dst, src, bytes, nullptr, nullptr, nullptr, nullptr, nullptr, 0));
       report(state, static_cast<double>(bytes) * reps(), cb::seconds_since(t0));
     }
   }
@@ -405,8 +416,14 @@ const bool registered = cb::at_start([] {
       if (d.backend == cora::backend_kind::cpu)
         benchmark::RegisterBenchmark((base + "raw").c_str(), [w = w](benchmark::State& st) { cb::guarded(st, [&] { raw_cpu(st, w); }); })
             ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
+      if (d.backend == cora::backend_kind::cpu && w == what::add)
+        benchmark::RegisterBenchmark((base + "raw_one_buffer").c_str(), [](benchmark::State& st) { cb::guarded(st, [&] { raw_cpu(st, what::add, true); }); })
+            ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark((base + "cora").c_str(), [i = d.index, w = w](benchmark::State& st) { cb::guarded(st, [&] { cora_bw(st, i, w); }); })
           ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
+      if (d.backend == cora::backend_kind::cpu && w == what::add)
+        benchmark::RegisterBenchmark((base + "cora_three_buffers").c_str(), [i = d.index](benchmark::State& st) { cb::guarded(st, [&] { cora_bw(st, i, what::add, true); }); })
+            ->UseManualTime()->Repetitions(3)->Iterations(1)->Unit(benchmark::kMillisecond);
     }
     const std::string tiling = "bandwidth/" + d.tag + "/add_custom_tiling/";
     const std::string reduce = "bandwidth/" + d.tag + "/reduce_u32/";

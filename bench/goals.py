@@ -140,6 +140,15 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
         r = get(results, f"bandwidth/{tag}/add_f32/raw", "GB_per_s")
         ratio_row("add_f32 GB/s, cora / plain threads (CPU goal)", c, r, 0.9, True,
                   f"{c:.1f} vs {r:.1f} GB/s" if c and r else "")
+        # The same add with both sides' x, y and z laid out alike (information).
+        r1 = get(results, f"bandwidth/{tag}/add_f32/raw_one_buffer", "GB_per_s")
+        if r1:
+            ratio_row("add_f32 GB/s, cora / plain threads, one allocation each (info)", c, r1, 0.9, True,
+                      f"{c:.1f} vs {r1:.1f} GB/s" if c else "")
+        c3 = get(results, f"bandwidth/{tag}/add_f32/cora_three_buffers", "GB_per_s")
+        if c3:
+            ratio_row("add_f32 GB/s, cora / plain threads, three allocations each (info)", c3, r, 0.9, True,
+                      f"{c3:.1f} vs {r:.1f} GB/s" if r else "")
     for src in ("file", "memory"):
         c = get(results, f"load/{tag}/{src}/cora", "p50_us")
         r = get(results, f"load/{tag}/{src}/raw", "p50_us")

@@ -22,9 +22,9 @@
 // (dlclose, cuModuleUnload) never runs inside the next load's time.
 //
 // Every row loads one image over and over. The CPU device keeps the memory file of an unloaded
-// image and maps it again for the same bytes, and a file load of an unchanged file then skips
-// reading and hashing the image (docs/architecture.md, "Binaries"): cora's CPU rows are that
-// steady state. A first load writes the file, as the raw memory row does.
+// image and maps it again for the same bytes, and a load of a file unchanged since a load of it
+// does not read the file again (docs/architecture.md, "Binaries"): cora's CPU rows are that
+// steady state. A first load writes the memory file, as the raw memory row does.
 //
 // raw_unload_away: the raw load with each unload made on another thread (one kept for the whole
 // run). The driver loads more slowly after an unload on another thread (about 30 us more a

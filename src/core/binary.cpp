@@ -285,18 +285,17 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, co
 
 namespace {
 
-/// Files whose CPU image a load read and verified, by identity (file_identity): a later load of
-/// the file unchanged loads the image from the memory file that the backend kept of it
-/// (backend::device::load_kept), without reading or hashing the image again. A file written
-/// since shows another identity. Only files last changed at least `settle` before the load
-/// are recorded, so that a write within the file system's timestamp granularity of it still
-/// changes the identity.
+/// Files whose CPU image a load read and verified, by identity (file_identity), with that load's
+/// plan: a later load of the file unchanged loads the image from the memory file that the
+/// backend kept of it (backend::device::load_kept), without reading the file again. A file
+/// written since shows another identity. Only files last changed at least `settle` before the
+/// load are recorded, so that a write within the file system's timestamp granularity of it
+/// still changes the identity. The plan is the same on every CPU device (their image).
 class known_files {
  public:
   struct entry {
     file_identity file;
-    std::uint64_t offset = 0;
-    backend::image_key key;
+    load_plan plan;
     std::vector<backend::kernel_desc> own;  // the image's own kernel records
   };
   static constexpr std::size_t max_entries = 64;
@@ -306,28 +305,24 @@ class known_files {
     static auto* k = new known_files;  // never destroyed: loads may run during exit
     return *k;
   }
-  /// The own records of the image at `offset`, named `key`, of `file` as it is: false if the
-  /// file is not known so.
-  bool find(const file_identity& file, std::uint64_t offset, const backend::image_key& key,
-            std::vector<backend::kernel_desc>& own) const {
+  /// What is known of `file` as it is; null if nothing.
+  std::shared_ptr<const entry> find(const file_identity& file) const {
     std::lock_guard lock(mutex_);
-    for (const entry& e : entries_)
-      if (e.file == file && e.offset == offset && e.key == key) {
-        own = e.own;
-        return true;
-      }
-    return false;
+    for (const auto& e : entries_)
+      if (e->file == file) return e;
+    return nullptr;
   }
   void add(entry e) noexcept {
     timespec now{};
     ::clock_gettime(CLOCK_REALTIME, &now);
     if (e.file.changed_ns > std::int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec - settle_ns) return;
     try {
+      auto known = std::make_shared<const entry>(std::move(e));
       std::lock_guard lock(mutex_);
-      std::erase_if(entries_, [&](const entry& k) {
-        return k.file.device == e.file.device && k.file.inode == e.file.inode && k.offset == e.offset;
+      std::erase_if(entries_, [&](const auto& k) {
+        return k->file.device == known->file.device && k->file.inode == known->file.inode;
       });
-      entries_.push_back(std::move(e));
+      entries_.push_back(std::move(known));
       if (entries_.size() > max_entries) entries_.pop_front();
     } catch (...) {
       // Out of memory: the file is read again next time.
@@ -336,7 +331,7 @@ class known_files {
 
  private:
   mutable std::mutex mutex_;
-  std::deque<entry> entries_;  // the oldest first
+  std::deque<std::shared_ptr<const entry>> entries_;  // the oldest first
 };
 
 /// The binary of a known file's CPU image (known_files), from the memory file the backend kept;
@@ -424,6 +419,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
     file = std::move(f);
     identity = file->identity();
     if (file->size() == 0) return fail(make_error_code(errc::invalid_binary), quoted_path() + " is empty");
+    if (load_known_image()) return;
     read_head(std::min<std::uint64_t>(file->size(), first_read));
   }
 
@@ -448,7 +444,6 @@ struct file_load : std::enable_shared_from_this<file_load> {
     std::error_code ec;
     std::string message;
     if (!plan_load(*dev, h, file->size(), plan, ec, message)) return fail_load(ec, message);
-    if (load_known_image()) return;
     const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
     if (end <= head_size) return load(head.get() + begin);
     try {
@@ -474,17 +469,20 @@ struct file_load : std::enable_shared_from_this<file_load> {
            dev->backend->keeps_images() && loads_inline(*dev, plan.part_size);
   }
 
-  /// Loads a known file's image without reading it; false if it is not known or nothing of it
-  /// is kept (then it is read).
+  /// Loads a known file's image without reading the file; false if it is not known or nothing
+  /// of it is kept (then it is read).
   bool load_known_image() {
-    if (!keeps_known_images() || dev->shut_down.load(std::memory_order_acquire)) return false;
-    std::vector<backend::kernel_desc> own;
-    if (!known_files::get().find(identity, plan.image.offset, image_key_of(plan), own)) return false;
+    if (options.lazy || !dev->backend->keeps_images() || dev->shut_down.load(std::memory_order_acquire))
+      return false;
+    const auto known = known_files::get().find(identity);
+    if (!known) return false;
     std::error_code ec;
     std::string message;
     std::shared_ptr<binary_state> b;
     try {
-      b = load_known(dev, plan, own, ec, message);
+      plan = known->plan;
+      if (!keeps_known_images()) return false;
+      b = load_known(dev, plan, known->own, ec, message);
     } catch (...) {
       return false;  // out of memory: the usual way reports what still fails
     }
@@ -516,8 +514,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
         message = "out of memory while loading the image";
       }
       if (ec) return self->fail_load(ec, message);
-      if (record)
-        known_files::get().add({self->identity, self->plan.image.offset, image_key_of(self->plan), std::move(own)});
+      if (record) known_files::get().add({self->identity, self->plan, std::move(own)});
       self->done({}, {}, std::move(b));
     };
     // Here is the calling thread (a small image part read from the page cache) or the I/O

@@ -2,7 +2,7 @@
 // (z = x + y) over 2^L elements, through cora and raw, in GB/s (10^9 bytes per second; the
 // kernel counts the 12 bytes it reads and writes per element). Raw: cuMemcpyAsync and
 // cuLaunchKernel on a stream, then cuStreamSynchronize; on the CPU device, memcpy and the
-// loop on one plain thread per hardware thread. cora: the same operations enqueued on a
+// loop on one plain thread per hardware thread (a team made once, woken each pass). cora: the same operations enqueued on a
 // stream, the last one awaited.
 //
 // First touch: on the CPU device both sides allocate page-aligned memory and fill their inputs
@@ -21,9 +21,11 @@
 // Settings: CORA_BENCH_COPY_MB (256 on a GPU, 32 on the CPU device), CORA_BENCH_ADD_LOG2
 // (28 on a GPU, 24 on the CPU device), CORA_BENCH_REPS (operations per figure, 10).
 #include <atomic>
+#include <barrier>
 #include <cstdlib>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -81,19 +83,54 @@ struct page_buffer {
   float* p;
 };
 
-/// Runs fn(lo, hi) on `t` plain threads, [lo, hi) being each thread's slice of n.
+/// Plain threads made once for the whole run (the calling thread one of them), as an OpenMP
+/// team: each pass only wakes them, so the raw side pays no thread creation per pass.
+class thread_team {
+ public:
+  explicit thread_team(std::size_t t) : size_(t), start_(static_cast<std::ptrdiff_t>(t)), end_(static_cast<std::ptrdiff_t>(t)) {
+    for (std::size_t i = 1; i < t; ++i)
+      threads_.emplace_back([this, i] {
+        for (;;) {
+          start_.arrive_and_wait();
+          if (stop_) return;
+          job_(i);
+          end_.arrive_and_wait();
+        }
+      });
+  }
+  ~thread_team() {
+    stop_ = true;
+    start_.arrive_and_wait();
+    for (auto& th : threads_) th.join();
+  }
+  thread_team(const thread_team&) = delete;
+  thread_team& operator=(const thread_team&) = delete;
+  std::size_t size() const noexcept { return size_; }
+  /// Runs job(i) on every thread i of the team (0: the caller) and returns when all are done.
+  void run(const std::function<void(std::size_t)>& job) {
+    job_ = job;
+    start_.arrive_and_wait();
+    job_(0);
+    end_.arrive_and_wait();
+  }
+
+ private:
+  std::size_t size_;
+  std::barrier<> start_, end_;
+  std::function<void(std::size_t)> job_;
+  bool stop_ = false;  // written before the start barrier that the threads then pass
+  std::vector<std::thread> threads_;
+};
+
+/// Runs fn(lo, hi) on the threads of `team`, [lo, hi) being each thread's slice of n.
 template <class F>
-void on_threads(std::size_t n, std::size_t t, F fn) {
-  std::vector<std::thread> ts;
-  for (std::size_t i = 0; i < t; ++i) ts.emplace_back([=] { fn(n * i / t, n * (i + 1) / t); });
-  for (auto& th : ts) th.join();
+void on_threads(thread_team& team, std::size_t n, F fn) {
+  const std::size_t t = team.size();
+  team.run([&](std::size_t i) { fn(n * i / t, n * (i + 1) / t); });
 }
 
-/// Runs fn(lo, hi) on one plain thread per hardware thread.
-template <class F>
-void on_all_threads(std::size_t n, F fn) {
-  on_threads(n, std::max(1u, std::thread::hardware_concurrency()), fn);
-}
+/// The size of a team with one thread per hardware thread.
+std::size_t all_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 /// Blocks of add_custom_tiling: the CANN sample's kernel fixes 8 (use_core_num), and a block
 /// runs on one worker of the CPU device.
@@ -114,15 +151,15 @@ void raw_cpu_tiling(benchmark::State& state) {
     y[i] = cora::half(2.0f);
     z[i] = cora::half(0.0f);
   }
+  // The kernel's own split: its 8 slices, on as many threads (fewer where the machine has
+  // fewer hardware threads, as the CPU device's workers).
+  thread_team team(std::min<std::size_t>(tiling_blocks, all_threads()));
   for (auto _ : state) {
     const auto t0 = clk::now();
     for (int r = 0; r < reps(); ++r) {
-      // The kernel's own split: its 8 slices, on as many threads (fewer where the machine has
-      // fewer hardware threads, as the CPU device's workers).
-      on_threads(n, std::min<std::size_t>(tiling_blocks, std::max(1u, std::thread::hardware_concurrency())),
-                 [=](std::size_t lo, std::size_t hi) {
-                   for (std::size_t i = lo; i < hi; ++i) z[i] = x[i] + y[i];
-                 });
+      on_threads(team, n, [=](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) z[i] = x[i] + y[i];
+      });
       benchmark::DoNotOptimize(z);
     }
     report(state, 3.0 * static_cast<double>(bytes) * reps(), cb::seconds_since(t0));
@@ -182,11 +219,12 @@ void raw_cpu_reduce(benchmark::State& state) {
   auto* in = reinterpret_cast<std::uint32_t*>(a.p);
   for (std::size_t i = 0; i < n; ++i) in[i] = 1;
   std::atomic<std::uint64_t> total{0};
+  thread_team team(all_threads());
   for (auto _ : state) {
     const auto t0 = clk::now();
     for (int r = 0; r < reps(); ++r) {
       total = 0;
-      on_all_threads(n, [in, &total](std::size_t lo, std::size_t hi) {
+      on_threads(team, n, [in, &total](std::size_t lo, std::size_t hi) {
         std::uint64_t sum = 0;
         for (std::size_t i = lo; i < hi; ++i) sum += in[i];
         total.fetch_add(sum);
@@ -270,15 +308,16 @@ void raw_cpu(benchmark::State& state, what w, bool one_buffer = false) {
   float* const y = one_buffer ? a.p + n : b.p;
   float* const z = one_buffer ? a.p + 2 * n : c.p;
   first_touch(x, y, z, n);
+  thread_team team(all_threads());
   for (auto _ : state) {
     const auto t0 = clk::now();
     for (int r = 0; r < reps(); ++r) {
       if (w == what::add)
-        on_all_threads(n, [=](std::size_t lo, std::size_t hi) {
+        on_threads(team, n, [=](std::size_t lo, std::size_t hi) {
           for (std::size_t i = lo; i < hi; ++i) z[i] = x[i] + y[i];
         });
       else
-        on_all_threads(bytes, [=](std::size_t lo, std::size_t hi) {
+        on_threads(team, bytes, [=](std::size_t lo, std::size_t hi) {
           std::memcpy(reinterpret_cast<std::byte*>(z) + lo, reinterpret_cast<const std::byte*>(x) + lo, hi - lo);
         });
       benchmark::DoNotOptimize(z);

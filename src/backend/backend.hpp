@@ -354,19 +354,15 @@ class device {
 
   /// Whether the device runs images of this kind.
   virtual bool accepts(image_kind kind) const = 0;
+  /// Loads `image`. `key`, if not empty, names the bytes (checked against it): a backend that
+  /// keeps what it made of an unloaded module's bytes (keeps_images()) loads them from that
+  /// instead where it has it, and keeps this module's once it unloads.
   virtual std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
-                                       std::error_code& ec, std::string& message) = 0;
-  /// As load(), for bytes named by `key`: the backend may keep what it made of them once the
-  /// module unloads, for load_kept().
-  virtual std::unique_ptr<module> load_named(std::span<const std::byte> image, image_kind kind,
-                                             const image_key& key, std::error_code& ec,
-                                             std::string& message) {
-    (void)key;
-    return load(image, kind, ec, message);
-  }
-  /// Loads the bytes named `key` again from what an unloaded module of them left (load_named),
-  /// without the bytes; null with `ec` clear when nothing of them is kept (or it is in use by
-  /// a module loaded now: two loads of one image stay two modules).
+                                       const image_key& key, std::error_code& ec,
+                                       std::string& message) = 0;
+  /// Loads the bytes named `key` again from what an unloaded module of them left, without the
+  /// bytes; null with `ec` clear when nothing of them is kept (or it is in use by a module
+  /// loaded now: two loads of one image stay two modules).
   virtual std::unique_ptr<module> load_kept(const image_key& key, image_kind kind,
                                             std::error_code& ec, std::string& message) {
     (void)key;
@@ -375,8 +371,8 @@ class device {
     ec.clear();
     return nullptr;
   }
-  /// Whether load_named() keeps anything, so that a core that skips reading an image's bytes
-  /// for load_kept() gains something.
+  /// Whether load() keeps anything, so that a core that skips reading an image's bytes for
+  /// load_kept() gains something.
   virtual bool keeps_images() const noexcept { return false; }
 
   /// Instantiates a graph (nodes in topological order) for launches on this device's streams.

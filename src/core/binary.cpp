@@ -37,7 +37,7 @@ std::shared_ptr<backend::module> binary_state::ensure_loaded(std::error_code& ec
       set_error(ec, errc::runtime_shut_down, "the runtime was shut down");
       return nullptr;
     }
-    auto m = device->backend->load(image, image_kind, ec, message);
+    auto m = device->backend->load(image, image_kind, image_key, ec, message);
     if (ec) return nullptr;
     module = device->own_module(std::move(m));
     image.clear();
@@ -198,13 +198,14 @@ bool plan_load(device_state& dev, std::span<const std::byte> head, std::uint64_t
   return true;
 }
 
+namespace {
+
+/// The key of the planned image's bytes once they are verified (empty outside a container).
 backend::image_key image_key_of(const load_plan& plan) noexcept {
   if (!plan.container) return {};
   return {plan.part_size == plan.image.size ? plan.image.checksum : plan.image.load_checksum,
           plan.part_size};
 }
-
-namespace {
 
 /// The binary of a module loaded (or, lazily, of bytes kept for later) with its kernel records.
 std::shared_ptr<binary_state> make_binary(std::shared_ptr<device_state> dev, const load_plan& plan,
@@ -218,6 +219,7 @@ std::shared_ptr<binary_state> make_binary(std::shared_ptr<device_state> dev, con
   st->image_kind = to_image_kind(plan.kind);
   if (!m) {
     st->image.assign(lazy_image.begin(), lazy_image.end());
+    st->image_key = image_key_of(plan);
   } else {
     st->module = dev->own_module(std::move(m));
     // An image without metadata lists its kernels now; otherwise each is resolved at its
@@ -242,8 +244,7 @@ std::shared_ptr<binary_state> make_binary(std::shared_ptr<device_state> dev, con
 std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
                                            std::span<const std::byte> image,
                                            const load_options& options, std::error_code& ec,
-                                           std::string& message,
-                                           std::vector<backend::kernel_desc>* own_records) {
+                                           std::string& message) {
   std::vector<backend::kernel_desc> declared = plan.declared;
   bool have_declared = !declared.empty();
   if (plan.container) {
@@ -256,9 +257,8 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, co
       return nullptr;
     if (img.kind == binary_kind::cpu_elf) {
       // Checked on every load, lazy or not, before anything trusts the metadata.
-      auto own = read_corabin_image_records(img, image, ec, message);
+      const auto own = read_corabin_image_records(img, image, ec, message);
       if (ec) return nullptr;
-      if (own_records) *own_records = own;
       if (!have_declared) {
         declared = own;
         have_declared = true;
@@ -269,15 +269,8 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, co
   }
   if (options.lazy && have_declared)
     return make_binary(std::move(dev), plan, std::move(declared), true, nullptr, image, ec, message);
-  const auto kind = to_image_kind(plan.kind);
-  // The bytes are verified: a module kept from the same bytes serves (no copy to write).
-  std::unique_ptr<backend::module> m;
-  if (const auto key = image_key_of(plan)) {
-    m = dev->backend->load_kept(key, kind, ec, message);
-    if (!m) m = dev->backend->load_named(image, kind, key, ec, message);
-  } else {
-    m = dev->backend->load(image, kind, ec, message);
-  }
+  // The bytes are verified: named by their key, a module kept from the same bytes may serve.
+  auto m = dev->backend->load(image, to_image_kind(plan.kind), image_key_of(plan), ec, message);
   if (ec) return nullptr;
   return make_binary(std::move(dev), plan, std::move(declared), have_declared, std::move(m), {}, ec,
                      message);
@@ -286,7 +279,7 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, co
 namespace {
 
 /// Files whose CPU image a load read and verified, by identity (file_identity), with that load's
-/// plan: a later load of the file unchanged loads the image from the memory file that the
+/// plan, its metadata checked against the image's own records: a later load of the file unchanged loads the image from the memory file that the
 /// backend kept of it (backend::device::load_kept), without reading the file again. A file
 /// written since shows another identity. Only files last changed at least `settle` before the
 /// load are recorded, so that a write within the file system's timestamp granularity of it
@@ -295,8 +288,7 @@ class known_files {
  public:
   struct entry {
     file_identity file;
-    load_plan plan;
-    std::vector<backend::kernel_desc> own;  // the image's own kernel records
+    load_plan plan;  // its kernels: those of the binary the load made
   };
   static constexpr std::size_t max_entries = 64;
   static constexpr std::int64_t settle_ns = 100'000'000;
@@ -335,21 +327,12 @@ class known_files {
 };
 
 /// The binary of a known file's CPU image (known_files), from the memory file the backend kept;
-/// null with `ec` clear if it kept none (the image is then read).
+/// null if it kept none (the image is then read).
 std::shared_ptr<binary_state> load_known(std::shared_ptr<device_state> dev, const load_plan& plan,
-                                         const std::vector<backend::kernel_desc>& own,
                                          std::error_code& ec, std::string& message) {
-  std::vector<backend::kernel_desc> declared = plan.declared;
-  if (declared.empty())
-    declared = own;
-  else if (!same_as_image(declared, own, ec, message))
-    return nullptr;
   auto m = dev->backend->load_kept(image_key_of(plan), to_image_kind(plan.kind), ec, message);
-  if (!m) {
-    ec.clear();
-    return nullptr;
-  }
-  return make_binary(std::move(dev), plan, std::move(declared), true, std::move(m), {}, ec, message);
+  if (!m) return nullptr;
+  return make_binary(std::move(dev), plan, plan.declared, true, std::move(m), {}, ec, message);
 }
 
 }  // namespace
@@ -462,15 +445,15 @@ struct file_load : std::enable_shared_from_this<file_load> {
                }, here_up_to());
   }
 
-  /// Whether the image is the CPU one of a known file (known_files), to load here, from the
-  /// memory file the device kept of it, without reading it.
+  /// Whether this load's image may become a known file's (known_files): a CPU image that a
+  /// later load maps again here, from the memory file the device kept, without reading it.
   bool keeps_known_images() const {
     return plan.container && plan.kind == binary_kind::cpu_elf && !options.lazy &&
            dev->backend->keeps_images() && loads_inline(*dev, plan.part_size);
   }
 
   /// Loads a known file's image without reading the file; false if it is not known or nothing
-  /// of it is kept (then it is read).
+  /// of it is kept (then it is read). A known plan passed keeps_known_images() when recorded.
   bool load_known_image() {
     if (options.lazy || !dev->backend->keeps_images() || dev->shut_down.load(std::memory_order_acquire))
       return false;
@@ -481,16 +464,11 @@ struct file_load : std::enable_shared_from_this<file_load> {
     std::shared_ptr<binary_state> b;
     try {
       plan = known->plan;
-      if (!keeps_known_images()) return false;
-      b = load_known(dev, plan, known->own, ec, message);
+      b = load_known(dev, plan, ec, message);
     } catch (...) {
       return false;  // out of memory: the usual way reports what still fails
     }
-    if (ec) {
-      fail_load(ec, message);
-      return true;
-    }
-    if (!b) return false;
+    if (!b) return false;  // nothing kept (or it failed): the file is read
     file.reset();
     done({}, {}, std::move(b));
     return true;
@@ -504,17 +482,19 @@ struct file_load : std::enable_shared_from_this<file_load> {
       if (self->dev->shut_down.load(std::memory_order_acquire))
         return self->fail(make_error_code(errc::runtime_shut_down), "the runtime was shut down");
       std::shared_ptr<binary_state> b;
-      const bool record = self->keeps_known_images();
-      std::vector<backend::kernel_desc> own;
       try {
         b = load_planned(self->dev, self->plan, std::span(bytes, self->plan.part_size),
-                         self->options, ec, message, record ? &own : nullptr);
+                         self->options, ec, message);
+        if (!ec && self->keeps_known_images()) {
+          load_plan known = self->plan;
+          known.declared = b->kernels;  // checked against the image's own records
+          known_files::get().add({self->identity, std::move(known)});
+        }
       } catch (...) {
         ec = std::make_error_code(std::errc::not_enough_memory);
         message = "out of memory while loading the image";
       }
       if (ec) return self->fail_load(ec, message);
-      if (record) known_files::get().add({self->identity, self->plan, std::move(own)});
       self->done({}, {}, std::move(b));
     };
     // Here is the calling thread (a small image part read from the page cache) or the I/O

@@ -56,15 +56,11 @@ bool full_cpu_images() noexcept;
 /// device_state::run_when_idle, see loads_inline).
 /// A container's image is loaded named by its checksum (backend::image_key), so that a backend
 /// that keeps its unloaded images (the CPU device's memory files) loads the same bytes again
-/// from what it kept. `own`, if given, receives a CPU image's own kernel records.
+/// from what it kept.
 std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
                                            std::span<const std::byte> image,
                                            const load_options& options, std::error_code& ec,
-                                           std::string& message,
-                                           std::vector<backend::kernel_desc>* own = nullptr);
-
-/// The key of the planned image's bytes once they are verified (empty outside a container).
-backend::image_key image_key_of(const load_plan& plan) noexcept;
+                                           std::string& message);
 
 /// plan_load and load_planned of bytes in memory (blocking, see load_planned).
 std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> dev,

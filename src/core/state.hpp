@@ -658,6 +658,7 @@ class binary_state {
   std::shared_ptr<backend::module> module;  // launches in flight hold it too
   std::vector<std::byte> image;             // kept until the module is loaded (lazy loads)
   backend::image_kind image_kind = backend::image_kind::cpu_elf;
+  backend::image_key image_key;  // names `image`'s verified bytes (a container's); empty if not
   std::atomic<bool> unloaded{false};
   /// What the first lookup of kernels[i] resolved: its function and canonical layout.
   struct resolved_kernel {

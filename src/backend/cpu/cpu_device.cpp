@@ -747,7 +747,8 @@ bool cpu_device::event_done(event& ev, std::error_code& ec) {
 }
 
 std::unique_ptr<module> cpu_device::load(std::span<const std::byte> image, image_kind kind,
-                                         std::error_code& ec, std::string& message) {
+                                         const image_key& key, std::error_code& ec,
+                                         std::string& message) {
   if (lost()) {
     ec = make_error_code(errc::device_lost);
     message = "device lost";
@@ -758,14 +759,8 @@ std::unique_ptr<module> cpu_device::load(std::span<const std::byte> image, image
     message = "the CPU device runs only CPU kernel images";
     return nullptr;
   }
-  return cpu_module::load(image, ec, message, globals_);
-}
-
-std::unique_ptr<module> cpu_device::load_named(std::span<const std::byte> image, image_kind kind,
-                                               const image_key& key, std::error_code& ec,
-                                               std::string& message) {
-  if (lost() || kind != image_kind::cpu_elf) return load(image, kind, ec, message);
-  return cpu_module::load(image, ec, message, globals_, kept_, key);
+  if (auto m = load_kept(key, kind, ec, message)) return m;
+  return cpu_module::load(image, ec, message, globals_, key ? kept_ : nullptr, key);
 }
 
 std::unique_ptr<module> cpu_device::load_kept(const image_key& key, image_kind kind,
@@ -774,7 +769,7 @@ std::unique_ptr<module> cpu_device::load_kept(const image_key& key, image_kind k
   if (lost() || kind != image_kind::cpu_elf || !key) return nullptr;
   const int fd = kept_->take(key);
   if (fd < 0) return nullptr;
-  auto m = cpu_module::reopen(fd, ec, message, globals_, kept_, key);
+  auto m = cpu_module::open(fd, ec, message, globals_, kept_, key);
   if (ec) ec.clear();  // not loaded again: the caller loads the bytes
   return m;
 }

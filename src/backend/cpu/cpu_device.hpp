@@ -277,10 +277,8 @@ class cpu_device final : public device {
   bool event_done(event& ev, std::error_code& ec) override;
   bool accepts(image_kind kind) const override { return kind == image_kind::cpu_elf; }
   std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
-                               std::error_code& ec, std::string& message) override;
-  std::unique_ptr<module> load_named(std::span<const std::byte> image, image_kind kind,
-                                     const image_key& key, std::error_code& ec,
-                                     std::string& message) override;
+                               const image_key& key, std::error_code& ec,
+                               std::string& message) override;
   std::unique_ptr<module> load_kept(const image_key& key, image_kind kind, std::error_code& ec,
                                     std::string& message) override;
   bool keeps_images() const noexcept override { return true; }

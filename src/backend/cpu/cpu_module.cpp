@@ -138,13 +138,6 @@ std::unique_ptr<cpu_module> cpu_module::load(std::span<const std::byte> image, s
   return open(fd, ec, message, std::move(globals), std::move(kept), key);
 }
 
-std::unique_ptr<cpu_module> cpu_module::reopen(int fd, std::error_code& ec, std::string& message,
-                                               std::shared_ptr<global_ranges> globals,
-                                               std::shared_ptr<kept_images> kept,
-                                               const image_key& key) {
-  return open(fd, ec, message, std::move(globals), std::move(kept), key);
-}
-
 std::unique_ptr<cpu_module> cpu_module::open(int fd, std::error_code& ec, std::string& message,
                                              std::shared_ptr<global_ranges> globals,
                                              std::shared_ptr<kept_images> kept, const image_key& key) {

@@ -71,14 +71,13 @@ class cpu_module final : public module {
   /// `kept` when the module unloads.
   static std::unique_ptr<cpu_module> load(std::span<const std::byte> image, std::error_code& ec,
                                           std::string& message,
-                                          std::shared_ptr<global_ranges> globals = nullptr,
-                                          std::shared_ptr<kept_images> kept = nullptr,
-                                          const image_key& key = {});
-  /// Loads the memory file `fd` (owned from here on, closed on failure) that an earlier
-  /// module of `key`'s bytes left in `kept`.
-  static std::unique_ptr<cpu_module> reopen(int fd, std::error_code& ec, std::string& message,
-                                            std::shared_ptr<global_ranges> globals,
-                                            std::shared_ptr<kept_images> kept, const image_key& key);
+                                          std::shared_ptr<global_ranges> globals,
+                                          std::shared_ptr<kept_images> kept, const image_key& key);
+  /// Loads the memory file `fd` of an image (owned from here on, closed on failure), such as
+  /// one that an earlier module of `key`'s bytes left in `kept`.
+  static std::unique_ptr<cpu_module> open(int fd, std::error_code& ec, std::string& message,
+                                          std::shared_ptr<global_ranges> globals,
+                                          std::shared_ptr<kept_images> kept, const image_key& key);
   ~cpu_module() override;
 
   const std::vector<kernel_desc>& kernels() const override { return kernels_; }
@@ -92,9 +91,6 @@ class cpu_module final : public module {
 
  private:
   cpu_module() = default;
-  static std::unique_ptr<cpu_module> open(int fd, std::error_code& ec, std::string& message,
-                                          std::shared_ptr<global_ranges> globals,
-                                          std::shared_ptr<kept_images> kept, const image_key& key);
   void* handle_ = nullptr;
   int fd_ = -1;  // the image's memory file, open while it is loaded
   std::shared_ptr<kept_images> kept_;  // where fd_ goes at unload, with key_

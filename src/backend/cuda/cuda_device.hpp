@@ -65,7 +65,8 @@ class cuda_device final : public device {
   bool event_done(event& ev, std::error_code& ec) override;
   bool accepts(image_kind kind) const override { return kind != image_kind::cpu_elf; }
   std::unique_ptr<module> load(std::span<const std::byte> image, image_kind kind,
-                               std::error_code& ec, std::string& message) override;
+                               const image_key& key, std::error_code& ec,
+                               std::string& message) override;
   std::unique_ptr<graph_exec> instantiate(std::span<const graph_node_desc> nodes,
                                           std::error_code& ec,
                                           std::string& message) override;  // cuda_graph.cpp

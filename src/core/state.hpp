@@ -633,7 +633,7 @@ op_handle stream_state::enqueue(Submit&& submit, op_keep keep) {
   return op_handle(intrusive_ptr<completion_source>::share(this), seq);
 }
 
-/// Marks the calling thread, for its lifetime, as releasing a user's binary handle: a module
+/// Marks the calling thread, while it lives, as releasing a user's binary handle: a module
 /// whose last reference goes meanwhile may be unloaded on this thread (device_state::own_module).
 /// The driver is faster to load a module where the previous one was unloaded, so a thread that
 /// drops and loads binaries in turn keeps both on itself.

@@ -61,6 +61,11 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, co
                                            std::span<const std::byte> image,
                                            const load_options& options, std::error_code& ec,
                                            std::string& message);
+/// The same, taking the plan's kernel records instead of copying them.
+std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, load_plan&& plan,
+                                           std::span<const std::byte> image,
+                                           const load_options& options, std::error_code& ec,
+                                           std::string& message);
 
 /// plan_load and load_planned of bytes in memory (blocking, see load_planned).
 std::shared_ptr<binary_state> load_binary_image(std::shared_ptr<device_state> dev,

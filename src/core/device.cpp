@@ -242,7 +242,7 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
   const auto image = bytes.subspan(plan.image.offset, plan.part_size);
   if (detail::loads_inline(*dev, image.size())) {
     // A small CPU image loads on the calling thread, straight from the caller's bytes.
-    auto b = detail::load_planned(dev, plan, image, options, ec, message);
+    auto b = detail::load_planned(dev, std::move(plan), image, options, ec, message);
     deliver(*st, ec, message, std::move(b));
     return handle();
   }
@@ -253,7 +253,8 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
   if (dev->backend->load_waits()) {
     if (image.size() <= detail::inline_cpu_load_bytes && dev->streams_idle()) {
       std::shared_ptr<detail::binary_state> b;
-      if (dev->run_while_idle([&] { b = detail::load_planned(dev, plan, image, options, ec, message); })) {
+      // The plan is taken only if the load runs here; otherwise the cora thread's load takes it.
+      if (dev->run_while_idle([&] { b = detail::load_planned(dev, std::move(plan), image, options, ec, message); })) {
         deliver(*st, ec, message, std::move(b));
         return handle();
       }
@@ -272,7 +273,7 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
           }
           std::shared_ptr<detail::binary_state> b;
           try {
-            b = detail::load_planned(dev, plan, copy, options, e, m);
+            b = detail::load_planned(dev, std::move(plan), copy, options, e, m);
           } catch (...) {
             e = std::make_error_code(std::errc::not_enough_memory);
             m = "out of memory while loading the image";
@@ -287,7 +288,7 @@ pending<binary> finish_load(std::shared_ptr<detail::device_state> dev,
                                    plan = std::move(plan), options]() mutable {
     std::error_code e;
     std::string m;
-    auto b = detail::load_planned(dev, plan, copy, options, e, m);
+    auto b = detail::load_planned(dev, std::move(plan), copy, options, e, m);
     deliver(*st, e, m, std::move(b));
   });
   return handle();

@@ -72,9 +72,11 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
     data = aligned.data();
   }
 
-  std::vector<char> log(jit_log_bytes, '\0');
+  // Not cleared: the driver writes a terminated log, and only its first byte is read unwritten.
+  std::unique_ptr<char[]> log(new char[jit_log_bytes]);
+  log[0] = '\0';
   CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-  void* values[] = {log.data(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(log.size()))};
+  void* values[] = {log.get(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(jit_log_bytes))};
 
   std::unique_ptr<cuda_module> m(new cuda_module(ctx));
   auto fail = [&](CUresult r, const std::string& step) {
@@ -99,8 +101,8 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
                  arch_name(static_cast<unsigned>(cc_major * 10 + cc_minor)) +
                  " code nor PTX the driver can compile)";
     }
-    log.back() = '\0';
-    if (log[0] != '\0') message += "\nJIT log:\n" + std::string(log.data());
+    log[jit_log_bytes - 1] = '\0';
+    if (log[0] != '\0') message += "\nJIT log:\n" + std::string(log.get());
     m.reset();
   };
 

@@ -106,6 +106,10 @@ function(cora_add_kernel_binary target)
     # -O3: GCC vectorizes the loops of element-wise kernels (grid_range) only from -O3, where
     # it may version a loop for possible aliasing.
     target_compile_options(${target}_cpu PRIVATE -O3)
+    # No GNU unique symbols (GCC gives them to inline and template statics of default
+    # visibility, such as the standard library's): an image with one can never be unloaded,
+    # and two loads of one image would share such statics instead of each having its own.
+    target_compile_options(${target}_cpu PRIVATE $<$<CXX_COMPILER_ID:GNU>:-fno-gnu-unique>)
     if(CORA_BUILD_FUZZERS)
       # No libFuzzer coverage in images: they are loaded and unloaded at run time, and libFuzzer
       # would go on reading the counters of an unloaded image.

@@ -297,17 +297,20 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, lo
 
 namespace {
 
-/// Files whose CPU image a load read and verified, by identity (file_identity), with that load's
-/// plan, its metadata checked against the image's own records: a later load of the file unchanged loads the image from the memory file that the
-/// backend kept of it (backend::device::load_kept), without reading the file again. A file
-/// written since shows another identity. Only files last changed at least `settle` before the
-/// load are recorded, so that a write within the file system's timestamp granularity of it
-/// still changes the identity. The plan is the same on every CPU device (their image).
+/// Containers that a load read, planned and loaded, by identity (file_identity) and by the
+/// devices the plan is for (plan_class): a later load of the file unchanged neither reads nor
+/// checks its metadata again. It reads only the image (checked against its checksum, as every
+/// loaded byte is), or, on a device that keeps the files of unloaded images (the CPU device,
+/// backend::device::load_kept), reads nothing of the file. A file written since shows another
+/// identity. Only files last changed at least `settle` before the load are recorded, so that a
+/// write within the file system's timestamp granularity of it still changes the identity.
 class known_files {
  public:
   struct entry {
     file_identity file;
-    load_plan plan;  // its kernels: those of the binary the load made
+    std::uint64_t devices = 0;                  // plan_class of the devices the plan is for
+    load_plan plan;                             // as planned from the metadata
+    std::vector<backend::kernel_desc> kernels;  // of the binary the load made
   };
   static constexpr std::size_t max_entries = 64;
   static constexpr std::int64_t settle_ns = 100'000'000;
@@ -316,11 +319,11 @@ class known_files {
     static auto* k = new known_files;  // never destroyed: loads may run during exit
     return *k;
   }
-  /// What is known of `file` as it is; null if nothing.
-  std::shared_ptr<const entry> find(const file_identity& file) const {
+  /// What is known of `file` as it is, for devices of class `devices`; null if nothing.
+  std::shared_ptr<const entry> find(const file_identity& file, std::uint64_t devices) const {
     std::lock_guard lock(mutex_);
     for (const auto& e : entries_)
-      if (e->file == file) return e;
+      if (e->file == file && e->devices == devices) return e;
     return nullptr;
   }
   void add(entry e) noexcept {
@@ -331,7 +334,8 @@ class known_files {
       auto known = std::make_shared<const entry>(std::move(e));
       std::lock_guard lock(mutex_);
       std::erase_if(entries_, [&](const auto& k) {
-        return k->file.device == known->file.device && k->file.inode == known->file.inode;
+        return k->file.device == known->file.device && k->file.inode == known->file.inode &&
+               k->devices == known->devices;
       });
       entries_.push_back(std::move(known));
       if (entries_.size() > max_entries) entries_.pop_front();
@@ -345,13 +349,21 @@ class known_files {
   std::deque<std::shared_ptr<const entry>> entries_;  // the oldest first
 };
 
-/// The binary of a known file's CPU image (known_files), from the memory file the backend kept;
+/// The devices whose image a container's plan picks alike (pick_image): those of one backend
+/// and, on a GPU, one architecture.
+std::uint64_t plan_class(const device_state& dev) noexcept {
+  return (std::uint64_t{static_cast<std::uint32_t>(dev.properties.backend)} << 32) |
+         (static_cast<std::uint32_t>(dev.properties.compute_major) << 16) |
+         static_cast<std::uint32_t>(dev.properties.compute_minor);
+}
+
+/// The binary of a known file's image (known_files), from the memory file the backend kept;
 /// null if it kept none (the image is then read).
-std::shared_ptr<binary_state> load_known(std::shared_ptr<device_state> dev, const load_plan& plan,
+std::shared_ptr<binary_state> load_known(std::shared_ptr<device_state> dev, const known_files::entry& known,
                                          std::error_code& ec, std::string& message) {
-  auto m = dev->backend->load_kept(image_key_of(plan), to_image_kind(plan.kind), ec, message);
+  auto m = dev->backend->load_kept(image_key_of(known.plan), to_image_kind(known.plan.kind), ec, message);
   if (!m) return nullptr;
-  return make_binary(std::move(dev), plan, plan.declared, true, std::move(m), {}, ec, message);
+  return make_binary(std::move(dev), known.plan, known.kernels, true, std::move(m), {}, ec, message);
 }
 
 }  // namespace
@@ -422,7 +434,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
     file = std::move(f);
     identity = file->identity();
     if (file->size() == 0) return fail(make_error_code(errc::invalid_binary), quoted_path() + " is empty");
-    if (load_known_image()) return;
+    if (load_known()) return;
     read_head(std::min<std::uint64_t>(file->size(), first_read));
   }
 
@@ -449,6 +461,12 @@ struct file_load : std::enable_shared_from_this<file_load> {
     if (!plan_load(*dev, h, file->size(), plan, ec, message)) return fail_load(ec, message);
     const std::uint64_t begin = plan.image.offset, end = begin + plan.part_size;
     if (end <= head_size) return load(head.get() + begin);
+    read_image();
+  }
+
+  /// Reads the planned image (what the first read got of it is not read again), then loads it.
+  void read_image() {
+    const std::uint64_t begin = plan.image.offset;
     try {
       image.reset(new std::byte[plan.part_size]);
     } catch (const std::bad_alloc&) {
@@ -465,32 +483,28 @@ struct file_load : std::enable_shared_from_this<file_load> {
                }, here_up_to());
   }
 
-  /// Whether this load's image may become a known file's (known_files): a CPU image that a
-  /// later load maps again here, from the memory file the device kept, without reading it.
-  bool keeps_known_images() const {
-    return plan.container && plan.kind == binary_kind::cpu_elf && !options.lazy &&
-           dev->backend->keeps_images() && loads_inline(*dev, plan.part_size);
-  }
-
-  /// Loads a known file's image without reading the file; false if it is not known or nothing
-  /// of it is kept (then it is read). A known plan passed keeps_known_images() when recorded.
-  bool load_known_image() {
-    if (options.lazy || !dev->backend->keeps_images() || dev->shut_down.load(std::memory_order_acquire))
-      return false;
-    const auto known = known_files::get().find(identity);
-    if (!known) return false;
-    std::error_code ec;
-    std::string message;
-    std::shared_ptr<binary_state> b;
+  /// Loads a known file (known_files) without reading its metadata: from the memory file
+  /// the device kept of its image, where it kept one and the load is not lazy, else from the
+  /// image read alone. False if the file is not known (it is then read whole).
+  bool load_known() {
+    if (dev->shut_down.load(std::memory_order_acquire)) return false;
     try {
+      const auto known = known_files::get().find(identity, plan_class(*dev));
+      if (!known) return false;
+      if (!options.lazy && dev->backend->keeps_images() && loads_inline(*dev, known->plan.part_size)) {
+        std::error_code ec;
+        std::string message;
+        if (auto b = cora::detail::load_known(dev, *known, ec, message)) {
+          file.reset();
+          done({}, {}, std::move(b));
+          return true;
+        }
+      }
       plan = known->plan;
-      b = load_known(dev, plan, ec, message);
     } catch (...) {
       return false;  // out of memory: the usual way reports what still fails
     }
-    if (!b) return false;  // nothing kept (or it failed): the file is read
-    file.reset();
-    done({}, {}, std::move(b));
+    read_image();
     return true;
   }
 
@@ -505,11 +519,8 @@ struct file_load : std::enable_shared_from_this<file_load> {
       try {
         b = load_planned(self->dev, self->plan, std::span(bytes, self->plan.part_size),
                          self->options, ec, message);
-        if (!ec && self->keeps_known_images()) {
-          load_plan known = self->plan;
-          known.declared = b->kernels;  // checked against the image's own records
-          known_files::get().add({self->identity, std::move(known)});
-        }
+        if (!ec && self->plan.container)
+          known_files::get().add({self->identity, plan_class(*self->dev), self->plan, b->kernels});
       } catch (...) {
         ec = std::make_error_code(std::errc::not_enough_memory);
         message = "out of memory while loading the image";

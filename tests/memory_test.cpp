@@ -365,11 +365,18 @@ TEST_P(memory_test, CancelledWaitDropsItsBufferSafely) {
 // still runs: no allocation or free on those threads waited for the kernel.
 TEST_P(memory_test, TimerWinsARaceBesideCoroutinesThatAllocate) {
   using namespace asio::experimental::awaitable_operators;
-  auto sp = spin();
   asio::io_context ctx;
   std::atomic<std::uint32_t> state_at_timer{99};
   std::atomic<int> rounds{0};
   std::atomic<bool> stop{false};
+  {
+    // The 16 streams below exist before the kernel runs and wait in the device's pool: a CUDA
+    // context may wait for running kernels when it creates a stream beyond its first few
+    // dozen (two runtimes share this one), which this test is not about.
+    std::vector<cora::stream> made;
+    for (int c = 0; c < 16; ++c) made.push_back(dev().make_stream());
+  }
+  auto sp = spin();
   asio::co_spawn(
       ctx,
       [&]() -> asio::awaitable<void> {

@@ -618,7 +618,10 @@ void device_state::fill_stream_pool() noexcept {
     std::error_code ec;
     std::unique_ptr<backend::stream> s;
     try {
-      s = backend->create_stream(0, wakeup, ec);
+      // Only while cora's streams are idle, with their submission locks held: once work runs,
+      // a created stream may wait for it, and the driver holds other threads' calls meanwhile
+      // (see take_stream). The pool then stays as it is.
+      if (!streams_idle() || !run_while_idle([&] { s = backend->create_stream(0, wakeup, ec); })) return;
     } catch (...) {
       return;
     }

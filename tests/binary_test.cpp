@@ -241,6 +241,33 @@ TEST_P(binary_test, DamageOutsideWhatALoadReadsLeavesTheLoadWorking) {
   std::filesystem::remove(p);
 }
 
+// A container file unchanged since a load of it is read again only for its image (its plan is
+// known): loads of it, eager and lazy, after a first one give kernels that run correctly.
+TEST_P(binary_test, AFileLoadedAgainUnchangedGivesWorkingKernels) {
+  const auto p = temp_file("known.corabin", read_file(kernel_file("test_kernels.corabin")));
+  // Older than the file system's timestamp granularity, so that a load may trust it unchanged.
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  auto first = dev().load_binary(p).wait();
+  for (bool lazy : {false, true, false}) {
+    SCOPED_TRACE(lazy ? "lazy" : "eager");
+    load_options o;
+    o.lazy = lazy;
+    auto b = dev().load_binary(p, o).wait();
+    EXPECT_EQ(b.kernel_names(), first.kernel_names());
+    auto s = dev().make_stream();
+    const std::size_t n = 64;
+    auto x = dev().alloc<float>(n), z = dev().alloc<float>(n);
+    std::vector<float> hx(n, 1.25f), hz(n);
+    s.copy(x.data(), hx.data(), n * 4).wait();
+    (void)s.launch(b.kernel("add_f32"), {.grid = 2}, x.data(), x.data(), z.data(), std::uint64_t{n});
+    s.copy(hz.data(), z.data(), n * 4).wait();
+    EXPECT_EQ(hz, std::vector<float>(n, 2.5f));
+    first.unload();  // later loads of the CPU image may map the file it leaves
+    first = b;
+  }
+  std::filesystem::remove(p);
+}
+
 // The caller's bytes need to live only for the call: a load that continues on another thread
 // (a GPU's) has copied what it needs, and an in-memory CPU load has completed.
 TEST_P(binary_test, BytesMayBeOverwrittenAsSoonAsLoadBinaryReturns) {

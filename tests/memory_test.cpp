@@ -370,11 +370,12 @@ TEST_P(memory_test, TimerWinsARaceBesideCoroutinesThatAllocate) {
   std::atomic<int> rounds{0};
   std::atomic<bool> stop{false};
   {
-    // The 16 streams below exist before the kernel runs and wait in the device's pool: a CUDA
-    // context may wait for running kernels when it creates a stream beyond its first few
-    // dozen (two runtimes share this one), which this test is not about.
+    // The 17 streams below (the spinner's and the coroutines' 16) exist before the kernel runs
+    // and wait in the device's pool: a CUDA context may wait for running kernels when it
+    // creates a stream beyond its first few dozen (two runtimes share this one), which this
+    // test is not about.
     std::vector<cora::stream> made;
-    for (int c = 0; c < 16; ++c) made.push_back(dev().make_stream());
+    for (int c = 0; c < 17; ++c) made.push_back(dev().make_stream());
   }
   auto sp = spin();
   asio::co_spawn(

@@ -326,6 +326,11 @@ class known_files {
       if (e->file == file && e->devices == devices) return e;
     return nullptr;
   }
+  /// Forgets `file` for devices of class `devices`.
+  void forget(const file_identity& file, std::uint64_t devices) noexcept {
+    std::lock_guard lock(mutex_);
+    std::erase_if(entries_, [&](const auto& k) { return k->file == file && k->devices == devices; });
+  }
   void add(entry e) noexcept {
     timespec now{};
     ::clock_gettime(CLOCK_REALTIME, &now);
@@ -411,6 +416,7 @@ struct file_load : std::enable_shared_from_this<file_load> {
   // so that no other stream takes its address before the load compares it.
   intrusive_ptr<stream_state> host_func_stream;
   bool here = false;  // read what the page cache holds on the calling thread (start())
+  bool from_known = false;  // the plan is a known file's (load_known), not read now
 
   void start() {
     // What loads on the calling thread from memory (an image part up to inline_cpu_load_bytes:
@@ -504,8 +510,19 @@ struct file_load : std::enable_shared_from_this<file_load> {
     } catch (...) {
       return false;  // out of memory: the usual way reports what still fails
     }
+    from_known = true;
     read_image();
     return true;
+  }
+
+  /// Starts over, reading the file whole (its known plan failed).
+  void read_again() {
+    from_known = false;
+    plan = load_plan{};
+    head.reset();
+    head_size = 0;
+    image.reset();
+    start();
   }
 
   void load(const std::byte* bytes) {
@@ -519,13 +536,28 @@ struct file_load : std::enable_shared_from_this<file_load> {
       try {
         b = load_planned(self->dev, self->plan, std::span(bytes, self->plan.part_size),
                          self->options, ec, message);
-        if (!ec && self->plan.container)
-          known_files::get().add({self->identity, plan_class(*self->dev), self->plan, b->kernels});
       } catch (...) {
         ec = std::make_error_code(std::errc::not_enough_memory);
         message = "out of memory while loading the image";
       }
+      if (ec == make_error_code(errc::invalid_binary) && self->from_known) {
+        // The file no longer holds what its identity promised: forgotten, and read whole
+        // (from a cora thread: this may run with the device's submission locks held).
+        known_files::get().forget(self->identity, plan_class(*self->dev));
+        try {
+          asio::post(host_pool(), [self] { self->read_again(); });
+          return;
+        } catch (...) {
+        }
+      }
       if (ec) return self->fail_load(ec, message);
+      if (!self->from_known && self->plan.container) {
+        try {
+          known_files::get().add({self->identity, plan_class(*self->dev), self->plan, b->kernels});
+        } catch (...) {
+          // Out of memory: the file is not remembered, and the load stands.
+        }
+      }
       self->done({}, {}, std::move(b));
     };
     // Here is the calling thread (a small image part read from the page cache) or the I/O

@@ -608,7 +608,7 @@ void device_state::warm_up() noexcept {
   }
 }
 
-void device_state::fill_stream_pool() noexcept {
+void device_state::fill_stream_pool(std::chrono::milliseconds retry) noexcept {
   const auto wakeup = marker_wakeup();
   for (;;) {
     {
@@ -620,8 +620,15 @@ void device_state::fill_stream_pool() noexcept {
     try {
       // Only while cora's streams are idle, with their submission locks held: once work runs,
       // a created stream may wait for it, and the driver holds other threads' calls meanwhile
-      // (see take_stream). The pool then stays as it is.
-      if (!streams_idle() || !run_while_idle([&] { s = backend->create_stream(0, wakeup, ec); })) return;
+      // (see take_stream). Otherwise later, on a timer of this cora pool.
+      if (!streams_idle() || !run_while_idle([&] { s = backend->create_stream(0, wakeup, ec); })) {
+        auto timer = std::make_shared<asio::steady_timer>(device_wait_pool().get_executor(), retry);
+        const auto next = std::min(retry * 2, std::chrono::milliseconds(100));
+        timer->async_wait([self = shared_from_this(), timer, next](const std::error_code&) {
+          self->fill_stream_pool(next);
+        });
+        return;
+      }
     } catch (...) {
       return;
     }

@@ -266,8 +266,9 @@ class device_state : public std::enable_shared_from_this<device_state> {
   std::atomic<std::size_t> pinned_in_use_{0};
   struct pinned_pool;
   std::unique_ptr<pinned_pool> pinned_pool_;
-  /// Creates streams until the pool is full (on a cora thread, when the device opens).
-  void fill_stream_pool() noexcept;
+  /// Creates streams until the pool is full (on a cora thread, when the device opens), while
+  /// the device's streams are idle; tries again `retry` later (growing) while they are not.
+  void fill_stream_pool(std::chrono::milliseconds retry = std::chrono::milliseconds(1)) noexcept;
   std::mutex spare_mutex_;
   std::vector<std::unique_ptr<backend::stream>> spare_streams_;
   std::mutex streams_mutex_;

@@ -35,6 +35,18 @@ std::filesystem::path temp_file(const std::string& name, const std::vector<std::
 }
 
 class binary_test : public device_test {};
+
+// z = x + x through `b`'s add_f32 over 64 floats of `value`: each element of z, read back.
+std::vector<float> add_to_itself(device& d, const binary& b, float value) {
+  auto s = d.make_stream();
+  const std::size_t n = 64;
+  auto x = d.alloc<float>(n), z = d.alloc<float>(n);
+  std::vector<float> hx(n, value), hz(n);
+  s.copy(x.data(), hx.data(), n * 4).wait();
+  (void)s.launch(b.kernel("add_f32"), {.grid = 2}, x.data(), x.data(), z.data(), std::uint64_t{n});
+  s.copy(hz.data(), z.data(), n * 4).wait();
+  return hz;
+}
 CORA_DEVICE_SUITE(binary_test);
 
 TEST_P(binary_test, LoadsAContainerFromFileAndFindsKernelsByName) {
@@ -229,14 +241,7 @@ TEST_P(binary_test, DamageOutsideWhatALoadReadsLeavesTheLoadWorking) {
   const auto p = temp_file("damaged_elsewhere.corabin", bytes);
   for (bool from_file : {false, true}) {
     auto b = from_file ? dev().load_binary(p).wait() : dev().load_binary(std::span<const std::byte>(bytes)).wait();
-    auto s = dev().make_stream();
-    const std::size_t n = 64;
-    auto x = dev().alloc<float>(n), z = dev().alloc<float>(n);
-    std::vector<float> hx(n, 1.5f), hz(n);
-    s.copy(x.data(), hx.data(), n * 4).wait();
-    (void)s.launch(b.kernel("add_f32"), {.grid = 2}, x.data(), x.data(), z.data(), std::uint64_t{n});
-    s.copy(hz.data(), z.data(), n * 4).wait();
-    EXPECT_EQ(hz, std::vector<float>(n, 3.0f)) << (from_file ? "from a file" : "from memory");
+    EXPECT_EQ(add_to_itself(dev(), b, 1.5f), std::vector<float>(64, 3.0f)) << (from_file ? "from a file" : "from memory");
   }
   std::filesystem::remove(p);
 }
@@ -254,14 +259,7 @@ TEST_P(binary_test, AFileLoadedAgainUnchangedGivesWorkingKernels) {
     o.lazy = lazy;
     auto b = dev().load_binary(p, o).wait();
     EXPECT_EQ(b.kernel_names(), first.kernel_names());
-    auto s = dev().make_stream();
-    const std::size_t n = 64;
-    auto x = dev().alloc<float>(n), z = dev().alloc<float>(n);
-    std::vector<float> hx(n, 1.25f), hz(n);
-    s.copy(x.data(), hx.data(), n * 4).wait();
-    (void)s.launch(b.kernel("add_f32"), {.grid = 2}, x.data(), x.data(), z.data(), std::uint64_t{n});
-    s.copy(hz.data(), z.data(), n * 4).wait();
-    EXPECT_EQ(hz, std::vector<float>(n, 2.5f));
+    EXPECT_EQ(add_to_itself(dev(), b, 1.25f), std::vector<float>(64, 2.5f));
     first.unload();  // later loads of the CPU image may map the file it leaves
     first = b;
   }

@@ -241,13 +241,11 @@ std::shared_ptr<binary_state> make_binary(std::shared_ptr<device_state> dev, con
 
 }  // namespace
 
-namespace {
-
-std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
-                                           std::vector<backend::kernel_desc> declared,
+std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, load_plan plan,
                                            std::span<const std::byte> image,
                                            const load_options& options, std::error_code& ec,
                                            std::string& message) {
+  std::vector<backend::kernel_desc> declared = std::move(plan.declared);
   bool have_declared = !declared.empty();
   if (plan.container) {
     corabin_image img = plan.image;
@@ -276,23 +274,6 @@ std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, co
   if (ec) return nullptr;
   return make_binary(std::move(dev), plan, std::move(declared), have_declared, std::move(m), {}, ec,
                      message);
-}
-
-}  // namespace
-
-std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
-                                           std::span<const std::byte> image,
-                                           const load_options& options, std::error_code& ec,
-                                           std::string& message) {
-  return load_planned(std::move(dev), plan, plan.declared, image, options, ec, message);
-}
-
-std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, load_plan&& plan,
-                                           std::span<const std::byte> image,
-                                           const load_options& options, std::error_code& ec,
-                                           std::string& message) {
-  auto declared = std::move(plan.declared);
-  return load_planned(std::move(dev), plan, std::move(declared), image, options, ec, message);
 }
 
 namespace {

@@ -57,12 +57,8 @@ bool full_cpu_images() noexcept;
 /// A container's image is loaded named by its checksum (backend::image_key), so that a backend
 /// that keeps its unloaded images (the CPU device's memory files) loads the same bytes again
 /// from what it kept.
-std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, const load_plan& plan,
-                                           std::span<const std::byte> image,
-                                           const load_options& options, std::error_code& ec,
-                                           std::string& message);
-/// The same, taking the plan's kernel records instead of copying them.
-std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, load_plan&& plan,
+/// A caller done with the plan moves it in, its kernel records with it.
+std::shared_ptr<binary_state> load_planned(std::shared_ptr<device_state> dev, load_plan plan,
                                            std::span<const std::byte> image,
                                            const load_options& options, std::error_code& ec,
                                            std::string& message);

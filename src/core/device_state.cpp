@@ -620,7 +620,8 @@ void device_state::fill_stream_pool(std::chrono::milliseconds retry) noexcept {
     try {
       // Only while cora's streams are idle, with their submission locks held: once work runs,
       // a created stream may wait for it, and the driver holds other threads' calls meanwhile
-      // (see take_stream). Otherwise later, on a timer of this cora pool.
+      // (see take_stream). Otherwise later, on a timer of this cora pool; not through
+      // run_when_idle, which runs its function anyway once its tries are spent.
       if (!streams_idle() || !run_while_idle([&] { s = backend->create_stream(0, wakeup, ec); })) {
         auto timer = std::make_shared<asio::steady_timer>(device_wait_pool().get_executor(), retry);
         const auto next = std::min(retry * 2, std::chrono::milliseconds(100));

@@ -87,7 +87,8 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
         rts = {r["name"]: r for r in roundtrip_tool.get("roundtrips", [])}
         raw_t = rts.get("raw launch + event record + busy cuEventQuery", {}).get("p50_us")
         for policy, limit in (("spin", 1.05), ("hybrid", 1.15)):
-            c = rts.get(f"cora co_await launch ({policy}, counter markers)", {}).get("p50_us")
+            c = (rts.get(f"cora co_await launch ({policy}, auto markers)")  # the default
+                 or rts.get(f"cora co_await launch ({policy}, counter markers)", {})).get("p50_us")
             ratio_row(f"round trip p50, co_await, {policy} (cora-roundtrip)", c, raw_t, limit, False,
                       f"{c:.2f} us vs {raw_t:.2f} us" if c and raw_t else "")
 

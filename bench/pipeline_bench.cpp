@@ -294,7 +294,7 @@ const bool registered = cb::at_start([] {
         cb::register_once(name(d, "cora/K:" + std::to_string(k) + "/C:" + std::to_string(c)), cora_pipelines, d.index, k,
                           c, 1, hybrid, false, false);
     // One io_context per executor thread: each thread polls and resumes only its own waits.
-    for (int k : {1, 4, 8, 16})
+    for (int k : {1, 2, 4, 8, 16})
       for (int c : {64, 256, 1024})
         cb::register_once(name(d, "cora_per_thread/K:" + std::to_string(k) + "/C:" + std::to_string(c)),
                           cora_pipelines, d.index, k, c, 1, hybrid, true, false);

@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <latch>
 #include <numeric>
 #include <thread>
 #include <vector>
 
+#include "backend/cuda/cuda_device.hpp"
 #include "backend/cuda/cuda_driver.hpp"
 #include "backend/cuda/cuda_image.hpp"
 #include "backend/cuda/cuda_module.hpp"
@@ -469,6 +471,62 @@ TEST_F(cuda_backend_test, EventMarkersCompleteWaits) { exercise_runtime(completi
 TEST_F(cuda_backend_test, CounterMarkersCompleteWaits) { exercise_runtime(completion_policy::spin, "counter"); }
 TEST_F(cuda_backend_test, CallbackPolicyCompletesWaits) { exercise_runtime(completion_policy::callback, nullptr); }
 TEST_F(cuda_backend_test, BlockingPolicyCompletesWaits) { exercise_runtime(completion_policy::blocking, "event"); }
+TEST_F(cuda_backend_test, AutoMarkersCompleteWaits) { exercise_runtime(completion_policy::hybrid, "auto"); }
+
+// The default markers (auto): one thread awaiting its launches records counters; four threads
+// doing it at once record events. A stream that had counters goes on with events.
+TEST_F(cuda_backend_test, AutoMarkersAreCountersForOneThreadAndEventsForSeveral) {
+  ::unsetenv("CORA_CUDA_MARKER");
+  runtime_options o;
+  o.use_environment = false;
+  o.backend = backend_selection::cuda;
+  o.completion = completion_policy::spin;
+  runtime rt(o);
+  EXPECT_TRUE(contains(rt.backends()[0].detail, "markers: auto")) << rt.backends()[0].detail;
+  auto& dev = rt.device(0);
+  const auto& gpu = dynamic_cast<const cora::backend::cuda::cuda_device&>(*dev.state()->backend);
+  auto bin = dev.load_binary(kernel_file("cuda_test_kernels.corabin")).wait();
+  auto fill = bin.kernel("fill_u32");
+  constexpr int rounds = 2000;
+  constexpr std::uint32_t n = 64;
+  auto first = dev.make_stream();
+  // Awaits `rounds` launches one by one on `s`, then checks what the last one wrote.
+  auto run = [&](cora::stream& s, std::uint32_t id) {
+    auto d = dev.alloc<std::uint32_t>(n);
+    auto h = dev.alloc_host<std::uint32_t>(n);
+    for (int i = 0; i < rounds; ++i) s.launch(fill, {.grid = 1, .block = n}, d.data(), id + i, std::uint64_t{n}).wait();
+    s.copy(h, d).wait();
+    EXPECT_EQ(h[0], id + rounds - 1);
+    EXPECT_EQ(h[n - 1], id + rounds - 1);
+  };
+  auto counts = [&] { return std::pair{dev.state()->backend->markers_recorded(), gpu.event_markers_recorded()}; };
+
+  const auto before = counts();
+  with_watchdog(std::chrono::seconds(60), [&] { run(first, 1); });
+  const auto alone = counts();
+  const std::uint64_t alone_markers = alone.first - before.first;
+  const std::uint64_t alone_events = alone.second - before.second;
+  EXPECT_GE(alone_markers, static_cast<std::uint64_t>(rounds));
+  EXPECT_LE(alone_events * 10, alone_markers) << alone_events << " of " << alone_markers << " were events";
+
+  std::latch start(4);
+  with_watchdog(std::chrono::seconds(60), [&] {
+    std::vector<std::thread> threads;
+    for (std::uint32_t t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        auto own = t == 0 ? cora::stream() : dev.make_stream();
+        start.arrive_and_wait();
+        run(t == 0 ? first : own, 100000 * (t + 1));
+      });
+    for (auto& th : threads) th.join();
+  });
+  const auto together = counts();
+  const std::uint64_t together_markers = together.first - alone.first;
+  const std::uint64_t together_events = together.second - alone.second;
+  EXPECT_GE(together_markers, 4u * rounds);
+  EXPECT_GE(together_events * 4, together_markers * 3) << together_events << " of " << together_markers << " were events";
+  first.synchronize().wait();
+}
 
 // --- a faulting kernel (in a child process: the fault ruins the process's CUDA context) ------
 
@@ -562,6 +620,12 @@ TEST(cuda_fault, OutOfBoundsWriteFailsEveryWaiterWithEventMarkers) {
   if (!shared_runtime(backend::cuda)) CORA_NO_DEVICE(backend::cuda, shared_runtime_failures()[backend::cuda]);
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(fault_scenario("event"), ::testing::ExitedWithCode(0), "fault: .*CUDA_ERROR_ILLEGAL_ADDRESS");
+}
+
+TEST(cuda_fault, OutOfBoundsWriteFailsEveryWaiterWithAutoMarkers) {
+  if (!shared_runtime(backend::cuda)) CORA_NO_DEVICE(backend::cuda, shared_runtime_failures()[backend::cuda]);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(fault_scenario("auto"), ::testing::ExitedWithCode(0), "fault: .*CUDA_ERROR_ILLEGAL_ADDRESS");
 }
 
 // --- process exit -----------------------------------------------------------------------------

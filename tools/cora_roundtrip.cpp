@@ -6,7 +6,8 @@
 //   raw callback: cuLaunchKernel + cuLaunchHostFunc setting a flag, busy load
 //   raw sync:     cuLaunchKernel + cuStreamSynchronize
 //   cora:         `co_await s.launch(empty)` in a task on sync_wait's io_context (its own
-//                 thread polls), for each marker kind and completion policy; and `.wait()`
+//                 thread polls), for each marker kind (auto, the default, event, counter)
+//                 and completion policy; and `.wait()`
 //
 // Prints p50/p99 in microseconds and, with --json, writes them to a file.
 #include <CLI/CLI.hpp>
@@ -260,7 +261,8 @@ int main(int argc, char** argv) {
     cora::completion_policy policy;
     const char* marker;
   };
-  for (const config c : {config{cora::completion_policy::spin, "event"}, config{cora::completion_policy::spin, "counter"},
+  for (const config c : {config{cora::completion_policy::spin, "auto"}, config{cora::completion_policy::spin, "event"},
+                         config{cora::completion_policy::spin, "counter"}, config{cora::completion_policy::hybrid, "auto"},
                          config{cora::completion_policy::hybrid, "event"}, config{cora::completion_policy::hybrid, "counter"},
                          config{cora::completion_policy::callback, "event"}}) {
     const std::string label = std::string(cora::to_string(c.policy)) +

@@ -56,6 +56,14 @@ class context {
   std::mutex marker_slots_mutex;
   std::unique_ptr<marker_slot_pool, void (*)(marker_slot_pool*) noexcept> marker_slots{nullptr, nullptr};
 
+  /// How many threads recorded markers lately (the `auto` marker mode, cuda_markers.cpp): the
+  /// current window of about a millisecond and its count, packed as window << 16 | count, and
+  /// the previous window's count.
+  std::atomic<std::uint64_t> marker_window{0};
+  std::atomic<std::uint32_t> marker_threads_before{0};
+  /// Event markers recorded on the context, of any mode (how often `auto` chose them).
+  std::atomic<std::uint64_t> event_markers{0};
+
  private:
   context(const driver_api& a, CUdevice d, int o, CUcontext h) noexcept
       : api(a), device(d), ordinal(o), handle(h) {}

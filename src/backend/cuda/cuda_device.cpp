@@ -448,17 +448,20 @@ std::vector<std::unique_ptr<device>> make_cuda_devices(std::string& reason) {
     return {};
   }
 
-  // Markers: counter (default, the faster on the H200) or event, from CORA_CUDA_MARKER; the
-  // callback policy asks for callback markers per stream.
-  marker_mode mode = marker_mode::counter;
+  // Markers: auto (default: counters while one thread records, events while several do),
+  // counter or event, from CORA_CUDA_MARKER; the callback policy asks for callback markers per
+  // stream.
+  marker_mode mode = marker_mode::automatic;
   std::string notes;
   if (const char* v = std::getenv("CORA_CUDA_MARKER"); v && *v) {
-    if (std::strcmp(v, "event") == 0)
+    if (std::strcmp(v, "auto") == 0)
+      mode = marker_mode::automatic;
+    else if (std::strcmp(v, "event") == 0)
       mode = marker_mode::event;
     else if (std::strcmp(v, "counter") == 0)
       mode = marker_mode::counter;
     else
-      notes = "; CORA_CUDA_MARKER=" + std::string(v) + " is not valid (counter or event), ignored";
+      notes = "; CORA_CUDA_MARKER=" + std::string(v) + " is not valid (auto, counter or event), ignored";
   }
 
   std::vector<std::unique_ptr<device>> out;

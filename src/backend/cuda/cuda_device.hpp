@@ -82,6 +82,10 @@ class cuda_device final : public device {
   /// "CUDA device 0 (NVIDIA H200)", for messages.
   const std::string& label() const noexcept { return label_; }
   void count_marker() noexcept { markers_.fetch_add(1, std::memory_order_relaxed); }
+  /// How many of the markers were events (with CORA_CUDA_MARKER=auto: how often it chose them).
+  std::uint64_t event_markers_recorded() const noexcept {
+    return ctx_->event_markers.load(std::memory_order_relaxed);
+  }
   /// Whether device memory comes from cora's stream-ordered pool, which the driver's stream
   /// memory operations (cuStreamWaitValue/WriteValue) do not accept.
   bool pooled() const noexcept { return pool_ != nullptr; }

@@ -1,5 +1,6 @@
 #include "backend/cuda/cuda_markers.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 
@@ -60,6 +61,7 @@ class event_markers final : public marker_source {
       }
     }
     out.handle = e;
+    ctx_->event_markers.fetch_add(1, std::memory_order_relaxed);
     return ctx_->api.cuEventRecord(e, stream_);
   }
 
@@ -234,6 +236,92 @@ class counter_markers final : public marker_source {
   health_check health_;
 };
 
+// --- auto: counters while one thread records, events while several do ----------------------
+
+// Windows of 2^20 ns (about a millisecond) of the steady clock.
+std::uint64_t marker_window_now() noexcept {
+  return static_cast<std::uint64_t>(clock::now().time_since_epoch().count()) >> 20;
+}
+
+// Counts the calling thread once per window on `ctx` and returns how many threads recorded
+// markers on it in the current or the previous window. A thread remembers the windows it was
+// counted in for its last few contexts, so the common call is a clock read and a few loads.
+unsigned recent_marker_threads(context& ctx) noexcept {
+  struct seen {
+    const context* ctx = nullptr;
+    std::uint64_t window = 0;
+  };
+  thread_local seen recent[4];
+  thread_local unsigned next_slot = 0;
+  const std::uint64_t w = marker_window_now();  // < 2^44 for centuries of uptime: w << 16 fits
+  seen* mine = nullptr;
+  for (seen& r : recent)
+    if (r.ctx == &ctx) mine = &r;
+  if (!mine) {
+    mine = &recent[next_slot++ % 4];
+    *mine = {&ctx, ~std::uint64_t{0}};
+  }
+  std::uint64_t cur = ctx.marker_window.load(std::memory_order_relaxed);
+  if (mine->window != w) {
+    mine->window = w;
+    for (;;) {
+      const bool same = (cur >> 16) == w;
+      const std::uint64_t count = cur & 0xffff;
+      const std::uint64_t next = same ? cur + (count < 0xffff ? 1 : 0) : ((w << 16) | 1);
+      if (ctx.marker_window.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
+        if (!same)  // the window this thread opened follows the one it closed, or a gap
+          ctx.marker_threads_before.store((cur >> 16) + 1 == w ? static_cast<std::uint32_t>(count) : 0,
+                                          std::memory_order_relaxed);
+        cur = next;
+        break;
+      }
+    }
+  }
+  const unsigned now = (cur >> 16) == w ? static_cast<unsigned>(cur & 0xffff) : 0;
+  return std::max(now, static_cast<unsigned>(ctx.marker_threads_before.load(std::memory_order_relaxed)));
+}
+
+// Two or more threads: what the pipelines measured (cuda_markers.hpp).
+constexpr unsigned event_marker_threads = 2;
+
+class auto_markers final : public marker_source {
+ public:
+  auto_markers(std::shared_ptr<context> ctx, CUstream stream)
+      : ctx_(ctx), counters_(ctx, stream), events_(std::move(ctx), stream) {}
+
+  CUresult init() { return counters_.init(); }
+
+  // An event marker has a handle, a counter marker none.
+  CUresult record(std::uint64_t seq, marker& out) override {
+    if (recent_marker_threads(*ctx_) >= event_marker_threads) return events_.record(seq, out);
+    return counters_.record(seq, out);
+  }
+
+  CUresult poll(const marker& m) override { return m.handle ? events_.poll(m) : counters_.poll(m); }
+
+  void release(const marker& m) noexcept override {
+    if (m.handle) events_.release(m);
+  }
+
+  void retire(bool device_done) noexcept override { counters_.retire(device_done); }
+
+  void detach() noexcept override {
+    marker_source::detach();
+    counters_.detach();
+    events_.detach();
+  }
+
+  // Events never hold a stream back (event_markers::reached_all).
+  bool reached_all() const noexcept override { return counters_.reached_all(); }
+
+  void reset() noexcept override { counters_.reset(); }
+
+ private:
+  std::shared_ptr<context> ctx_;
+  counter_markers counters_;
+  event_markers events_;
+};
+
 // --- callback markers ------------------------------------------------------------------------
 
 // What the driver's callback thread touches; outlives the source if callbacks may still come.
@@ -316,6 +404,7 @@ class callback_markers final : public marker_source {
 
 const char* to_string(marker_mode mode) noexcept {
   switch (mode) {
+    case marker_mode::automatic: return "auto";
     case marker_mode::event: return "event";
     case marker_mode::counter: return "counter";
     case marker_mode::callback: return "callback";
@@ -334,6 +423,12 @@ std::unique_ptr<marker_source> make_marker_source(marker_mode mode, std::shared_
     case marker_mode::event: return std::make_unique<event_markers>(std::move(ctx), stream);
     case marker_mode::counter: {
       auto m = std::make_unique<counter_markers>(std::move(ctx), stream);
+      r = m->init();
+      if (r != CUDA_SUCCESS) return nullptr;
+      return m;
+    }
+    case marker_mode::automatic: {
+      auto m = std::make_unique<auto_markers>(std::move(ctx), stream);
       r = m->init();
       if (r != CUDA_SUCCESS) return nullptr;
       return m;

@@ -1,5 +1,7 @@
-// Completion markers of a CUDA stream, three ways:
-//  - counter (the default): cuStreamWriteValue32 of the op's sequence number into host-mapped
+// Completion markers of a CUDA stream, four ways:
+//  - auto (the default): a counter while one thread records the device's markers, an event
+//              while several do (see below);
+//  - counter:  cuStreamWriteValue32 of the op's sequence number into host-mapped
 //              pinned memory, polled as a plain memory load (1.9 us to record, nothing to poll);
 //  - event:    a pooled CU_EVENT_DISABLE_TIMING event recorded after the op, polled with
 //              cuEventQuery (0.2 us to record; 0.3 us per query while pending, 1.5 us on the
@@ -8,7 +10,11 @@
 //              `callback` completion policy, for comparison only).
 // Measured on the H200 (docs/benchmarks.md), an awaited empty launch (spin policy) takes p50
 // 8.6 us with counters against 9.0 us with events (raw driver, event poll: 8.5 us), and counters
-// won in every configuration, so they are the default; callbacks take 20-37 us. Counter and
+// won with one submitting thread; callbacks take 20-37 us. With an io_context per thread and 4
+// or 16 threads each submitting pipelines, events gave 1.05-1.1x and 1.1-1.3x the pipelines/s
+// of counters (the recording call is the longer one, and the driver serializes a context's
+// calls), so `auto` records events while two or more threads recorded markers in the current or
+// the previous millisecond. Counter and
 // callback markers cannot see a device fault (the write or callback never happens), so while
 // they are pending the stream is also asked, at most once a millisecond.
 #pragma once
@@ -25,7 +31,7 @@
 
 namespace cora::backend::cuda {
 
-enum class marker_mode { event, counter, callback };
+enum class marker_mode { automatic, event, counter, callback };
 
 const char* to_string(marker_mode mode) noexcept;
 
@@ -47,7 +53,7 @@ class marker_source {
   /// Frees what the device might still write into; only when the stream is idle or lost.
   virtual void retire(bool device_done) noexcept = 0;
   /// The native stream may be destroyed by its owner from now on: never query it again.
-  void detach() noexcept { detached_.store(true, std::memory_order_release); }
+  virtual void detach() noexcept { detached_.store(true, std::memory_order_release); }
   bool detached() const noexcept { return detached_.load(std::memory_order_acquire); }
   /// True once every marker recorded so far has completed (known without asking the stream).
   virtual bool reached_all() const noexcept = 0;

@@ -16,9 +16,13 @@ CORA_KERNEL(add_custom)(cora::gm_addr x, cora::gm_addr y, cora::gm_addr z,
   auto* zs = reinterpret_cast<cora::half*>(z) + block_length * cora::block_idx();
   // Each tile over the block's threads: contiguous per thread on the CPU device (a loop that
   // vectorizes), a block-stride loop on a GPU.
-  for (std::uint32_t t = 0; t < tile_num * buffer_num; ++t)
-    for (auto i : cora::block_range(tile_length)) {
-      const std::uint32_t k = t * tile_length + i;
-      zs[k] = xs[k] + ys[k];
-    }
+  // (Pointers to the tile, not an index t * tile_length + i: a 32-bit index that may wrap
+  // keeps the compiler from vectorizing.)
+  for (std::uint32_t t = 0; t < tile_num * buffer_num; ++t) {
+    const std::size_t at = static_cast<std::size_t>(t) * tile_length;
+    const cora::half* xt = xs + at;
+    const cora::half* yt = ys + at;
+    cora::half* zt = zs + at;
+    for (auto i : cora::block_range(tile_length)) zt[i] = xt[i] + yt[i];
+  }
 }

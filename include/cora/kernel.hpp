@@ -291,7 +291,9 @@ struct index_range {
       ++i;
       return *this;
     }
-    bool operator!=(const iterator& o) const { return i != o.i; }
+    // `<`, not `!=`: first <= last always, and a loop that cannot wrap lets the compiler treat
+    // an index computed from i (t * tile + i in 32 bits) as affine, and vectorize.
+    bool operator!=(const iterator& o) const { return i < o.i; }
   };
   I first, last;
   iterator begin() const { return {first}; }

@@ -9,14 +9,14 @@
 //  - callback: a cuLaunchHostFunc callback that counts completions and wakes sleepers (the
 //              `callback` completion policy, for comparison only).
 // Measured on the H200 (docs/benchmarks.md), an awaited empty launch (spin policy) takes p50
-// 8.6 us with counters against 9.0 us with events (raw driver, event poll: 8.5 us), and counters
-// won with one submitting thread; callbacks take 20-37 us. With an io_context per thread and 4
-// or 16 threads each submitting pipelines, events gave 1.05-1.1x and 1.1-1.3x the pipelines/s
-// of counters (the recording call is the longer one, and the driver serializes a context's
-// calls), so `auto` records events while two or more threads recorded markers in the current or
-// the previous millisecond. Counter and
-// callback markers cannot see a device fault (the write or callback never happens), so while
-// they are pending the stream is also asked, at most once a millisecond.
+// 8.6 us with counters against 9.0 us with events (raw driver, event poll: 8.5 us): counters win
+// with one submitting thread. With an io_context per thread and 4 or 16 threads each submitting
+// pipelines, events gave 1.09-1.10x and 1.26-1.32x the pipelines/s of counters on an H100: the
+// record is the longer driver call, and the driver serializes a context's calls. So `auto`
+// records events while two or more threads recorded markers in the current or the previous
+// millisecond. Callbacks take 20-37 us. Counter and callback markers cannot see a device fault
+// (the write or callback never happens), so while they are pending the stream is also asked, at
+// most once a millisecond.
 #pragma once
 
 #include <atomic>

@@ -501,12 +501,16 @@ TEST_F(cuda_backend_test, AutoMarkersAreCountersForOneThreadAndEventsForSeveral)
   };
   auto counts = [&] { return std::pair{dev.state()->backend->markers_recorded(), gpu.event_markers_recorded()}; };
 
-  // A warm-up first: markers that other threads recorded in the last two windows (the load's)
-  // would count them as submitters.
-  with_watchdog(std::chrono::seconds(60), [&] { run(first, 1); });
-  const auto before = counts();
-  with_watchdog(std::chrono::seconds(60), [&] { run(first, 1); });
-  const auto alone = counts();
+  // On one thread: a warm-up, then a pause longer than the two windows the count looks back
+  // on, so that markers other threads recorded before (the load's) are forgotten; then counted.
+  std::pair<std::uint64_t, std::uint64_t> before, alone;
+  with_watchdog(std::chrono::seconds(60), [&] {
+    run(first, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    before = counts();
+    run(first, 1);
+    alone = counts();
+  });
   const std::uint64_t alone_markers = alone.first - before.first;
   const std::uint64_t alone_events = alone.second - before.second;
   EXPECT_GE(alone_markers, static_cast<std::uint64_t>(rounds));

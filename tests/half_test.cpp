@@ -58,6 +58,18 @@ TEST(half, BranchFreeConversionsGiveTheSameBitsAsTheIntegerOnes) {
   EXPECT_GT(checked, 1 << 20);
 }
 
+// Constant expressions convert overflows and NaNs too (through the integer conversions).
+TEST(half, ConstantExpressionsConvertOverflowsAndNaNs) {
+  constexpr half big(1e6f);
+  static_assert(big.bits == 0x7c00);
+  constexpr half nan(std::numeric_limits<float>::quiet_NaN());
+  static_assert((nan.bits & 0x7e00) == 0x7e00);
+  constexpr float from_nan = half::from_bits(0x7c01);
+  EXPECT_TRUE(std::isnan(from_nan));
+  constexpr float one = half::from_bits(0x3c00);
+  static_assert(one == 1.0f);
+}
+
 TEST(half, KnownValues) {
   EXPECT_EQ(half(1.0f).bits, 0x3c00);
   EXPECT_EQ(half(-2.0f).bits, 0xc000);

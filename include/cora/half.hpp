@@ -12,6 +12,7 @@ using half = __half;
 #else
 #include <bit>
 #include <cstring>
+#include <type_traits>
 
 namespace cora {
 
@@ -72,10 +73,15 @@ constexpr std::uint32_t select_bits(bool c, std::uint32_t a, std::uint32_t b) no
 // faster. They let float arithmetic do the rounding, so they need IEEE single precision
 // evaluated as written: without -ffast-math (which may fold the scalings) and without excess
 // precision. The default rounding mode is assumed, as for every float operation in kernels.
-#if !defined(__FAST_MATH__) && (!defined(__FLT_EVAL_METHOD__) || __FLT_EVAL_METHOD__ == 0)
+// GCC says when its flags allow the folding (__FAST_MATH__, __ASSOCIATIVE_MATH__); clang does
+// not for -fassociative-math alone, so code built with it must not use these conversions.
+// In constant expressions the integer ones are used, where an overflow or a NaN is allowed.
+#if !defined(__FAST_MATH__) && !defined(__ASSOCIATIVE_MATH__) && \
+    (!defined(__FLT_EVAL_METHOD__) || __FLT_EVAL_METHOD__ == 0)
 
 /// Converts binary16 bits to a float (exact).
 constexpr float half_bits_to_float(std::uint16_t h) noexcept {
+  if (std::is_constant_evaluated()) return half_bits_to_float_exact(h);
   const std::uint32_t w = static_cast<std::uint32_t>(h) << 16;
   const std::uint32_t sign = w & 0x80000000u;
   const std::uint32_t two_w = w + w;
@@ -89,6 +95,7 @@ constexpr float half_bits_to_float(std::uint16_t h) noexcept {
 
 /// Converts a float to binary16 bits, rounding to nearest even.
 constexpr std::uint16_t float_to_half_bits(float f) noexcept {
+  if (std::is_constant_evaluated()) return float_to_half_bits_exact(f);
   const std::uint32_t w = std::bit_cast<std::uint32_t>(f);
   const std::uint32_t two_w = w + w;
   const std::uint32_t sign = w & 0x80000000u;

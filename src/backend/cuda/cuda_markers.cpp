@@ -243,24 +243,20 @@ std::uint64_t marker_window_now() noexcept {
   return static_cast<std::uint64_t>(clock::now().time_since_epoch().count()) >> 20;
 }
 
-// Counts the calling thread once per window on `ctx` and returns how many threads recorded
-// markers on it in the current or the previous window. A thread remembers the windows it was
-// counted in for its last few contexts, so the common call is a clock read and a few loads.
+// Counts the calling thread once per window on `ctx` and returns the larger of the counts of
+// threads that recorded markers on it in the current and in the previous window. A thread
+// remembers the window it was last counted in per device ordinal (16 slots, so a thread that
+// drives up to 16 devices in turn is still one thread), and the common call is a clock read and
+// a few loads.
 unsigned recent_marker_threads(context& ctx) noexcept {
   struct seen {
     const context* ctx = nullptr;
     std::uint64_t window = 0;
   };
-  thread_local seen recent[4];
-  thread_local unsigned next_slot = 0;
+  thread_local seen recent[16];
   const std::uint64_t w = marker_window_now();  // < 2^44 for centuries of uptime: w << 16 fits
-  seen* mine = nullptr;
-  for (seen& r : recent)
-    if (r.ctx == &ctx) mine = &r;
-  if (!mine) {
-    mine = &recent[next_slot++ % 4];
-    *mine = {&ctx, ~std::uint64_t{0}};
-  }
+  seen* mine = &recent[static_cast<unsigned>(ctx.ordinal) % 16];
+  if (mine->ctx != &ctx) *mine = {&ctx, ~std::uint64_t{0}};
   std::uint64_t cur = ctx.marker_window.load(std::memory_order_relaxed);
   if (mine->window != w) {
     mine->window = w;

@@ -13,8 +13,8 @@
 // with one submitting thread. With an io_context per thread and 4 or 16 threads each submitting
 // pipelines, events gave 1.09-1.10x and 1.26-1.32x the pipelines/s of counters on an H100: the
 // record is the longer driver call, and the driver serializes a context's calls. So `auto`
-// records events while two or more threads recorded markers in the current or the previous
-// millisecond. Callbacks take 20-37 us. Counter and callback markers cannot see a device fault
+// records events while two or more threads recorded markers on the device within one window
+// of about a millisecond, the current or the previous one. Callbacks take 20-37 us. Counter and callback markers cannot see a device fault
 // (the write or callback never happens), so while they are pending the stream is also asked, at
 // most once a millisecond.
 #pragma once

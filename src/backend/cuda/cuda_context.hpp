@@ -61,8 +61,6 @@ class context {
   /// the previous window's count.
   std::atomic<std::uint64_t> marker_window{0};
   std::atomic<std::uint32_t> marker_threads_before{0};
-  /// Event markers recorded on the context, of any mode (how often `auto` chose them).
-  std::atomic<std::uint64_t> event_markers{0};
 
  private:
   context(const driver_api& a, CUdevice d, int o, CUcontext h) noexcept

@@ -82,9 +82,11 @@ class cuda_device final : public device {
   /// "CUDA device 0 (NVIDIA H200)", for messages.
   const std::string& label() const noexcept { return label_; }
   void count_marker() noexcept { markers_.fetch_add(1, std::memory_order_relaxed); }
+  /// Beside count_marker, for a marker that is an event.
+  void count_event_marker() noexcept { event_markers_.fetch_add(1, std::memory_order_relaxed); }
   /// How many of the markers were events (with CORA_CUDA_MARKER=auto: how often it chose them).
   std::uint64_t event_markers_recorded() const noexcept {
-    return ctx_->event_markers.load(std::memory_order_relaxed);
+    return event_markers_.load(std::memory_order_relaxed);
   }
   /// Whether device memory comes from cora's stream-ordered pool, which the driver's stream
   /// memory operations (cuStreamWaitValue/WriteValue) do not accept.
@@ -127,6 +129,7 @@ class cuda_device final : public device {
   marker_mode mode_;
   std::string label_;
   std::atomic<std::uint64_t> markers_{0};
+  std::atomic<std::uint64_t> event_markers_{0};  // beside markers_: one cache line for both
   memop_support memops_;
 };
 

@@ -61,9 +61,10 @@ class event_markers final : public marker_source {
       }
     }
     out.handle = e;
-    ctx_->event_markers.fetch_add(1, std::memory_order_relaxed);
     return ctx_->api.cuEventRecord(e, stream_);
   }
+
+  bool is_event(const marker& m) const noexcept override { return m.handle != nullptr; }
 
   CUresult poll(const marker& m) override {
     if (!m.handle) return CUDA_ERROR_INVALID_HANDLE;
@@ -292,6 +293,8 @@ class auto_markers final : public marker_source {
     if (recent_marker_threads(*ctx_) >= event_marker_threads) return events_.record(seq, out);
     return counters_.record(seq, out);
   }
+
+  bool is_event(const marker& m) const noexcept override { return m.handle != nullptr; }
 
   CUresult poll(const marker& m) override { return m.handle ? events_.poll(m) : counters_.poll(m); }
 

@@ -43,6 +43,8 @@ class marker_source {
   virtual ~marker_source() = default;
   /// Records a marker after the stream's last op into `out.handle`.
   virtual CUresult record(std::uint64_t seq, marker& out) = 0;
+  /// True if `m` (recorded by this source) is an event.
+  virtual bool is_event(const marker&) const noexcept { return false; }
   /// CUDA_SUCCESS once done, CUDA_ERROR_NOT_READY while pending, else the stream's error.
   virtual CUresult poll(const marker& m) = 0;
   /// Sleeps until `until`, or earlier when the marker may have completed.

@@ -472,7 +472,10 @@ marker cuda_stream::record_marker(std::uint64_t seq) {
   if (ctx_->lost()) return m;  // query() reports it failed
   current_context cur(*ctx_);
   const CUresult r = cur ? markers_->record(seq, m) : cur.result;
-  if (r != CUDA_SUCCESS) failed(seq, r, "cannot record a completion marker");
+  if (r != CUDA_SUCCESS)
+    failed(seq, r, "cannot record a completion marker");
+  else if (markers_->is_event(m))
+    device_.count_event_marker();
   return m;
 }
 

@@ -16,10 +16,12 @@
 #include <coroutine>
 #include <cstdlib>
 #include <future>
+#include <latch>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "backend/backend.hpp"
 #include "core/engine.hpp"
 #include "core/state.hpp"
 #include "cora/cora.hpp"
@@ -565,6 +567,105 @@ TEST_P(engine_test, HostFunctionWaitingForItsOwnStreamFails) {
     EXPECT_EQ(own, std::errc::resource_deadlock_would_occur);
     EXPECT_NE(what.find("host function"), std::string::npos) << what;
     EXPECT_EQ(device_wide, std::errc::resource_deadlock_would_occur);
+  });
+}
+
+// Rule 10: each thread that waits on a context gets a lane of its own, polled by a chain of
+// its own, so detection is not one chain per context.
+TEST_P(engine_test, WaitsArmedOnDifferentThreadsArePolledInLanesOfTheirOwn) {
+  with_watchdog(60s, [&] {
+    asio::io_context ctx;
+    auto work = asio::make_work_guard(ctx);
+    auto& group = detail::executor_group::of(ctx.get_executor());
+    auto s = dev().make_stream();
+    gate g;
+    auto held = g.hold(s);
+    std::atomic<int> done{0};
+    auto arm = [&] {
+      for (int i = 0; i < 2; ++i)
+        s.launch(kernels().kernel("empty"), {}).async_wait(asio::bind_executor(ctx, [&](std::error_code ec) {
+          EXPECT_FALSE(ec);
+          if (++done == 4) work.reset();
+        }));
+    };
+    // Both threads live until both armed (a finished thread's id may be given to the next).
+    std::latch armed(3);
+    auto arm_and_stay = [&] {
+      arm();
+      armed.arrive_and_wait();
+    };
+    std::thread a(arm_and_stay), b(arm_and_stay);
+    armed.arrive_and_wait();
+    a.join();
+    b.join();
+    EXPECT_EQ(group.lanes(), 2u) << "two threads' waits share a lane";
+    EXPECT_EQ(group.pending(), 4u);
+    g.open();
+    ctx.run();
+    EXPECT_EQ(done.load(), 4);
+    EXPECT_EQ(group.pending(), 0u);
+  });
+}
+
+// Rule 10: a poll of a stream whose doorbell has not moved reads it and takes no lock (on a
+// doorbell that a fault may keep still, at most once per recheck period).
+TEST_P(engine_test, PollsOfAStreamWhoseDoorbellStandsStillTakeNoLock) {
+  with_watchdog(60s, [&] {
+    auto s = dev().make_stream();
+    detail::stream_state* st = s.state();
+    const ::cora::backend::doorbell bell = st->backend->bell();
+    ASSERT_NE(bell.word, nullptr) << "both backends' streams have doorbells";
+    std::this_thread::sleep_for(5ms);  // CUDA's auto markers: counters (which ring) while one thread records
+    asio::io_context ctx;  // not run until the bell has been polled: nobody else polls the stream
+    auto work = asio::make_work_guard(ctx);
+    gate g;
+    bool fired = false;
+    g.hold(s).async_wait(asio::bind_executor(ctx, [&](std::error_code ec) {
+      fired = !ec;
+      work.reset();
+    }));
+    ASSERT_TRUE(st->watching_doorbell());
+    const std::uint64_t before = st->locked_polls();
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<detail::wait_node*> nodes;
+    for (int i = 0; i < 1000; ++i) EXPECT_FALSE(st->poll(nodes));
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    const std::uint64_t locked = st->locked_polls() - before;
+    const std::uint64_t allowed =
+        bell.recheck.count() == 0 ? 0 : 1 + static_cast<std::uint64_t>(elapsed / bell.recheck);
+    EXPECT_LE(locked, allowed) << "of 1000 polls while the op ran";
+    EXPECT_TRUE(nodes.empty());
+    g.open();
+    ctx.run();  // the bell rings: a poll takes the lock and fires the waiter
+    EXPECT_TRUE(fired);
+    EXPECT_GT(st->locked_polls(), before + locked);
+  });
+}
+
+// A blocking wait moves the completed position without firing anyone; a waiter at that
+// position must then fire although the doorbell still shows a later op running.
+TEST_P(engine_test, AWaiterABlockingWaitOvertookFiresWhileLaterOpsRun) {
+  with_watchdog(60s, [&] {
+    auto s = dev().make_stream();
+    asio::io_context ctx;
+    auto work = asio::make_work_guard(ctx);
+    gate first, second;
+    auto a = first.hold(s);
+    auto sync_a = s.synchronize();
+    auto b = second.hold(s);
+    auto c = s.host_func([] {});  // b is still held: it gets a marker of its own
+    bool fired = false;
+    a.async_wait(asio::bind_executor(ctx, [&](std::error_code ec) {
+      fired = !ec;
+      work.reset();
+    }));
+    first.open();
+    sync_a.wait();  // completes a's position on this thread, and fires nobody
+    ctx.run();
+    EXPECT_TRUE(fired);
+    EXPECT_FALSE(b.ready()) << "the later op was let through";
+    second.open();
+    c.wait();
   });
 }
 

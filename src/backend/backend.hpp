@@ -134,6 +134,19 @@ enum class marker_wakeup { poll, host_callback };
 struct marker {
   std::uint64_t seq = 0;
   void* handle = nullptr;
+  /// The stream's doorbell (stream::bell()) reaches `seq` when this marker completes.
+  bool rings = false;
+};
+
+/// A word a stream's device writes, in stream order, with the low 32 bits of the position of
+/// each ringing marker as it completes. Pollers read it with plain loads and take the stream's
+/// lock only when it moved, so a poll of a stream with nothing new costs one load, not a lock
+/// and a driver query. The word lives as long as the backend stream.
+struct doorbell {
+  const std::uint32_t* word = nullptr;  ///< null: markers must be queried
+  /// While the word stands still, query the stream at least this often anyway, since a fault
+  /// may keep it from ever moving; 0 when a fault moves it too.
+  std::chrono::microseconds recheck{0};
 };
 
 /// A launch as the core hands it over: the argument block is in cora's canonical layout
@@ -215,6 +228,8 @@ class stream {
   virtual marker record_marker(std::uint64_t seq) = 0;
   /// Queries a marker without blocking.
   virtual marker_state query(const marker& m) = 0;
+  /// The stream's doorbell, if it has one; fixed for the stream's life.
+  virtual doorbell bell() const noexcept { return {}; }
   /// Blocks until the marker completes or `deadline` passes; returns false on timeout.
   virtual bool wait_marker(const marker& m, clock::time_point deadline) = 0;
   virtual void release_marker(const marker& m) noexcept = 0;

@@ -135,7 +135,8 @@ bool poll_group::poll_once(std::vector<wait_node*>& fired) {
       if (entry.first) snapshot.push_back(entry.first);
   }
   bool progress = false;
-  for (auto& s : snapshot) progress |= s->poll(fired);  // uncounts what it fires
+  const auto now = clock::now();
+  for (auto& s : snapshot) progress |= s->poll(fired, now);  // uncounts what it fires
   snapshot.clear();
   return progress;
 }
@@ -153,6 +154,14 @@ clock::time_point poll_group::next_expected(clock::time_point) {
   for (auto& s : snapshot) next = std::min(next, s->expected_ready());
   snapshot.clear();
   return next;
+}
+
+std::chrono::microseconds poll_group::spin_limit() {
+  std::lock_guard lock(mutex_);
+  std::chrono::microseconds limit{0};
+  for (auto& [s, entry] : streams_)
+    if (entry.first) limit = std::max(limit, s->spin_limit);
+  return limit;
 }
 
 completion_policy poll_group::policy() {
@@ -185,12 +194,14 @@ void poll_group::abort_all(std::error_code ec) noexcept {
 
 asio::execution_context::id executor_group::id;
 
-executor_group::executor_group(asio::execution_context& ctx)
-    : asio::execution_context::service(ctx) {}
-
-executor_group::~executor_group() {
-  if (parked_once_.load(std::memory_order_acquire)) engine::get().forget(this);
+namespace {
+std::atomic<std::uint64_t> group_serials{0};
 }
+
+executor_group::executor_group(asio::execution_context& ctx)
+    : asio::execution_context::service(ctx), serial_(group_serials.fetch_add(1) + 1) {}
+
+executor_group::~executor_group() = default;  // the lanes forget themselves
 
 executor_group& executor_group::of(const asio::any_io_executor& ex) {
   return asio::use_service<executor_group>(asio::query(ex, asio::execution::context));
@@ -210,27 +221,89 @@ bool unwrap_strand(asio::any_io_executor& ex) {
   return true;
 }
 
+// Each thread remembers its lanes of the last few groups it waited in, by group serial (a
+// group's address may be reused by a later one; its serial never is).
+struct lane_cache_entry {
+  std::uint64_t serial = 0;
+  executor_lane* lane = nullptr;
+};
+constexpr std::size_t lane_cache_size = 8;
+thread_local lane_cache_entry lane_cache[lane_cache_size];
+thread_local std::size_t lane_cache_next = 0;
+
 }  // namespace
 
-void executor_group::bind(const asio::any_io_executor& ex) {
-  std::lock_guard lock(state_mutex_);
-  if (bound_) return;
-  // Poll steps go to the context itself, not to the strand of whichever waiter came first, so
-  // that detection is not queued behind that strand's own work.
-  asio::any_io_executor inner = ex;
-  while (unwrap_strand<asio::strand<asio::any_io_executor>>(inner) ||
-         unwrap_strand<asio::strand<asio::io_context::executor_type>>(inner) ||
-         unwrap_strand<asio::strand<tracked_io_executor>>(inner)) {
-  }
-  executor_ = asio::prefer(inner, asio::execution::outstanding_work.untracked);
-  bound_ = true;
+executor_lane& executor_group::lane(const asio::any_io_executor& ex) {
+  for (auto& e : lane_cache)
+    if (e.serial == serial_) return *e.lane;
+  executor_lane& l = make_lane(ex);
+  lane_cache[lane_cache_next] = {serial_, &l};
+  lane_cache_next = (lane_cache_next + 1) % lane_cache_size;
+  return l;
 }
 
-void executor_group::post_step() {
+executor_lane& executor_group::make_lane(const asio::any_io_executor& ex) {
+  std::lock_guard lock(mutex_);
+  const auto self = std::this_thread::get_id();
+  for (auto& [thread, l] : by_thread_)
+    if (thread == self) return *l;
+  if (!bound_) {
+    // Poll steps go to the context itself, not to the strand of whichever waiter came first,
+    // so that detection is not queued behind that strand's own work.
+    asio::any_io_executor inner = ex;
+    while (unwrap_strand<asio::strand<asio::any_io_executor>>(inner) ||
+           unwrap_strand<asio::strand<asio::io_context::executor_type>>(inner) ||
+           unwrap_strand<asio::strand<tracked_io_executor>>(inner)) {
+    }
+    executor_ = asio::prefer(inner, asio::execution::outstanding_work.untracked);
+    bound_ = true;
+  }
+  if (lanes_.size() == max_lanes) {
+    // Many threads: they share lanes, by a hash of their id (not remembered here, so that a
+    // context used from ever new threads keeps no list of them).
+    return *lanes_[std::hash<std::thread::id>{}(self) % max_lanes];
+  }
+  lanes_.push_back(std::make_unique<executor_lane>(executor_));
+  by_thread_.emplace_back(self, lanes_.back().get());
+  return *lanes_.back();
+}
+
+std::size_t executor_group::lanes() {
+  std::lock_guard lock(mutex_);
+  return lanes_.size();
+}
+
+std::size_t executor_group::pending() {
+  std::lock_guard lock(mutex_);
+  std::size_t n = 0;
+  for (auto& l : lanes_) n += l->pending();
+  return n;
+}
+
+void executor_group::shutdown() {
+  std::vector<executor_lane*> lanes;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& l : lanes_) lanes.push_back(l.get());
+  }
+  for (executor_lane* l : lanes) l->shut_down();
+}
+
+// ---------------------------------------------------------------------------------------------
+// executor_lane
+
+executor_lane::executor_lane(asio::any_io_executor executor) noexcept
+    : executor_(std::move(executor)) {}
+
+executor_lane::~executor_lane() {
+  if (parked_once_.load(std::memory_order_acquire)) engine::get().forget(this);
+}
+
+void executor_lane::post_step() {
   asio::post(executor_, [this] { poll_step(); });
 }
 
-void executor_group::schedule() {
+void executor_lane::schedule() {
   bool post = false;
   {
     std::lock_guard lock(state_mutex_);
@@ -243,12 +316,12 @@ void executor_group::schedule() {
   if (post) post_step();
 }
 
-bool executor_group::parked() noexcept {
+bool executor_lane::parked() noexcept {
   std::lock_guard lock(state_mutex_);
   return state_ == state::parked;
 }
 
-bool executor_group::hand_back(clock::time_point at) {
+bool executor_lane::hand_back(clock::time_point at) {
   {
     std::lock_guard lock(state_mutex_);
     if (state_ != state::parked || handed_back_for_ == at) return false;
@@ -260,12 +333,12 @@ bool executor_group::hand_back(clock::time_point at) {
   return true;
 }
 
-void executor_group::engine_progress() noexcept {
+void executor_lane::engine_progress() noexcept {
   std::lock_guard lock(state_mutex_);
   if (state_ == state::parked && pending() == 0) state_ = state::idle;
 }
 
-void executor_group::poll_step() {
+void executor_lane::poll_step() {
   thread_local std::vector<wait_node*> fired;
   std::vector<wait_node*> local;
   local.swap(fired);  // a nested poll step (inline resumption that runs the context) gets its own
@@ -280,18 +353,12 @@ void executor_group::poll_step() {
       state_ = state::idle;
     } else {
       const completion_policy p = policy();
-      std::chrono::microseconds spin_limit{0};
-      {
-        std::lock_guard glock(mutex_);
-        for (auto& [s, entry] : streams_)
-          if (entry.first) spin_limit = std::max(spin_limit, s->spin_limit);
-      }
       if (p == completion_policy::spin) {
         repost = true;
       } else if (p == completion_policy::hybrid) {
         const auto expected = next_expected(now);
         const bool far = expected != clock::time_point::max() && expected - now > park_early;
-        repost = !far && now - last_progress_ < spin_limit;
+        repost = !far && now - last_progress_ < spin_limit();
         park = !repost;
       } else {
         park = true;
@@ -308,7 +375,7 @@ void executor_group::poll_step() {
   local.swap(fired);
 }
 
-void executor_group::shutdown() {
+void executor_lane::shut_down() noexcept {
   engine::get().forget(this);
   abort_all(asio::error::operation_aborted);
   // Completions claimed by pollers of other contexts may still be posting to this one: the
@@ -342,7 +409,7 @@ engine::engine() : inline_(std::make_unique<inline_group_t>(*this)) {
 
 poll_group& engine::inline_group() noexcept { return *inline_; }
 
-void engine::park(executor_group* g) {
+void engine::park(executor_lane* g) {
   {
     std::lock_guard lock(mutex_);
     if (std::find(parked_.begin(), parked_.end(), g) == parked_.end()) parked_.push_back(g);
@@ -351,7 +418,7 @@ void engine::park(executor_group* g) {
   cv_.notify_one();
 }
 
-void engine::forget(executor_group* g) noexcept {
+void engine::forget(executor_lane* g) noexcept {
   std::lock_guard lock(mutex_);
   parked_.erase(std::remove(parked_.begin(), parked_.end(), g), parked_.end());
 }
@@ -428,7 +495,7 @@ void engine::run() {
       wake_ = false;
       const auto now = clock::now();
       for (auto it = parked_.begin(); it != parked_.end();) {
-        executor_group* g = *it;
+        executor_lane* g = *it;
         if (!g->parked()) {
           it = parked_.erase(it);
           continue;

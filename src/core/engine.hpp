@@ -1,12 +1,14 @@
 // The completion engine: who polls for device completions, and where waiters resume.
 //
 // A wait is armed on a stream position; the stream keeps its waiters sorted and watches only
-// its oldest marker. Polling is done by poll groups:
-//  - an executor_group per Asio execution context: a poll step posted to the waiters' own
-//    executor that re-posts itself while waits are pending, so completion and resumption happen
-//    on one thread and no sleeping thread is woken in the common case;
-//  - the engine thread, which takes over an executor group whose waits are long (hybrid,
-//    blocking), and serves waits made without an executor (resumed inline, by design).
+// its oldest marker, through its doorbell where the backend has one. Polling is done by poll
+// groups:
+//  - an executor_lane per thread and Asio execution context (the lanes of the context's
+//    executor_group): a poll step posted to the waiters' own executor that re-posts itself while
+//    waits are pending, so completion and resumption happen on the waiters' context and no
+//    sleeping thread is woken in the common case;
+//  - the engine thread, which takes over a lane whose waits are long (hybrid, blocking), and
+//    detects the waits made without an executor (their handlers run on the handler thread).
 #pragma once
 
 #include <asio/any_io_executor.hpp>
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -45,8 +48,11 @@ class poll_group {
   virtual void schedule() = 0;
 
   /// Polls every watched stream once; collects the nodes that completed and uncounts them.
-  /// Returns true if any stream made progress.
+  /// Returns true if any stream made progress. A stream whose doorbell did not move costs a
+  /// few loads (stream_state::quiet).
   bool poll_once(std::vector<wait_node*>& fired);
+  /// The longest spin limit among the watched streams.
+  std::chrono::microseconds spin_limit();
   std::size_t pending() const noexcept { return pending_.load(std::memory_order_acquire); }
   /// The earliest expected completion among the watched streams' oldest markers.
   clock::time_point next_expected(clock::time_point now);
@@ -74,45 +80,72 @@ class poll_group {
   std::atomic<std::size_t> firing_{0};
 };
 
-/// The waits of one Asio execution context, polled on that context's own threads.
-class executor_group final : public poll_group, public asio::execution_context::service {
+class executor_group;
+
+/// The waits that one thread armed on one Asio execution context (a lane of its group),
+/// polled by a chain of poll steps posted to that context: each thread that waits has a
+/// chain of its own, so detection is spread over the threads that wait instead of being one
+/// chain per context, and a step looks only at the streams of its own thread's waits.
+class executor_lane final : public poll_group {
+ public:
+  explicit executor_lane(asio::any_io_executor executor) noexcept;
+  ~executor_lane() override;
+
+  void schedule() override;
+  /// Called by the engine when it has detected completions for a parked lane.
+  void engine_progress() noexcept;
+  bool parked() noexcept;
+  /// Called by the engine shortly before a parked lane's op is expected to end: a thread of
+  /// the lane's context takes over polling, so that it learns of the completion itself and
+  /// resumes the waiter without a wake-up after it. Once per expected end `at`; false when
+  /// this lane was already handed back for `at` or is no longer parked.
+  bool hand_back(clock::time_point at);
+  /// Withdraws the lane's waits and waits until no completion of it is being posted.
+  void shut_down() noexcept;
+
+ private:
+  void poll_step();
+  void post_step();
+
+  const asio::any_io_executor executor_;
+  enum class state { idle, spinning, parked };
+  std::mutex state_mutex_;
+  state state_ = state::idle;
+  clock::time_point last_progress_{};
+  clock::time_point handed_back_for_{};
+  // Set before the first park: only then does the engine know the lane.
+  std::atomic<bool> parked_once_{false};
+};
+
+/// The waits of one Asio execution context: one lane per thread that arms waits there (up to
+/// max_lanes; beyond, threads share lanes). Poll steps go to the context's executor.
+class executor_group final : public asio::execution_context::service {
  public:
   static asio::execution_context::id id;
+  static constexpr std::size_t max_lanes = 64;
   explicit executor_group(asio::execution_context& ctx);
   ~executor_group() override;
 
   /// The group of the context behind `ex`.
   static executor_group& of(const asio::any_io_executor& ex);
 
-  /// Remembers where to post poll steps (the first executor that waits here).
-  void bind(const asio::any_io_executor& ex);
-  void schedule() override;
-  /// Called by the engine when it has detected completions for a parked group.
-  void engine_progress() noexcept;
-  bool parked() noexcept;
-  /// Called by the engine shortly before a parked group's op is expected to end: the group's
-  /// own thread takes over polling, so that it learns of the completion itself and resumes
-  /// the waiter without a wake-up after it. Once per expected end `at`; false when this group
-  /// was already handed back for `at` or is no longer parked.
-  bool hand_back(clock::time_point at);
+  /// The calling thread's lane, made on first use; `ex` (a waiter's executor) tells where to
+  /// post poll steps when the group has none yet.
+  executor_lane& lane(const asio::any_io_executor& ex);
+  /// Lanes made so far, and waits pending in all of them (for tests).
+  std::size_t lanes();
+  std::size_t pending();
 
  private:
   void shutdown() override;
-  void poll_step();
-  void post_step();
+  executor_lane& make_lane(const asio::any_io_executor& ex);
 
-  enum class state { idle, spinning, parked };
-  std::mutex state_mutex_;
-  state state_ = state::idle;
+  const std::uint64_t serial_;  // names this group in threads' lane caches
+  std::mutex mutex_;
   bool bound_ = false;
   asio::any_io_executor executor_;
-  clock::time_point last_progress_{};
-  clock::time_point handed_back_for_{};
-  std::vector<wait_node*> fired_;
-  // Set before the first park: only then does the engine know the group. A group that Asio
-  // made twice and dropped (use_service under a race) is destroyed under Asio's registry lock
-  // and must not take the engine's lock there.
-  std::atomic<bool> parked_once_{false};
+  std::vector<std::unique_ptr<executor_lane>> lanes_;
+  std::vector<std::pair<std::thread::id, executor_lane*>> by_thread_;
 };
 
 /// The process-wide engine thread (started on first use, idle on a condition variable when
@@ -123,10 +156,10 @@ class engine {
 
   /// The group of waits that have no executor: the engine thread polls and resumes them.
   poll_group& inline_group() noexcept;
-  /// Hands an executor group's long waits to the engine thread.
-  void park(executor_group* g);
-  /// Forgets a group (its context is being destroyed).
-  void forget(executor_group* g) noexcept;
+  /// Hands an executor lane's long waits to the engine thread.
+  void park(executor_lane* g);
+  /// Forgets a lane (its context is being destroyed).
+  void forget(executor_lane* g) noexcept;
   /// Keeps a stream alive until its work has completed (its last handle was dropped early).
   void drain(intrusive_ptr<stream_state> s);
   /// Wakes the engine thread.
@@ -145,7 +178,7 @@ class engine {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::vector<executor_group*> parked_;
+  std::vector<executor_lane*> parked_;
   std::vector<intrusive_ptr<stream_state>> draining_;
   std::unique_ptr<poll_group> inline_;
   bool wake_ = false;

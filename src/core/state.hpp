@@ -521,8 +521,18 @@ class stream_state final : public completion_source {
   /// Advances the completed position past completed markers without firing any waiter.
   bool advance();
   /// Polls the oldest marker; appends the nodes that completed to `fired` (state set, unlinked,
-  /// uncounted from their groups). Returns true on progress.
-  bool poll(std::vector<wait_node*>& fired);
+  /// uncounted from their groups). Returns true on progress. Takes no lock when the doorbell
+  /// says nothing moved (see quiet()); `now` is the poller's clock for this pass.
+  bool poll(std::vector<wait_node*>& fired, clock::time_point now);
+  bool poll(std::vector<wait_node*>& fired) { return poll(fired, clock::now()); }
+  /// True when the stream's doorbell shows that its oldest marker is still pending and no
+  /// linked waiter is due: a poll would find nothing. Plain loads, no lock; false when unsure
+  /// (no doorbell, the oldest marker does not ring it, or the stream must be asked anyway).
+  bool quiet(clock::time_point now) noexcept;
+  /// True while the oldest marker rings the doorbell (for tests of the doorbell).
+  bool watching_doorbell() const noexcept { return bell_watch_.load(std::memory_order_acquire) != 0; }
+  /// Polls that took the state lock (for tests of the doorbell).
+  std::uint64_t locked_polls() const noexcept { return locked_polls_.load(std::memory_order_relaxed); }
   /// When the oldest marker is expected to complete (max() when unknown or none).
   clock::time_point expected_ready();
   /// Blocks in the backend on the oldest marker until `deadline`.
@@ -553,6 +563,11 @@ class stream_state final : public completion_source {
   std::error_code result_locked(std::uint64_t seq, bool sync) noexcept;
   void link_locked(wait_node& node);
   void unlink_locked(wait_node& node) noexcept;
+  /// Publishes what quiet() reads after the markers or the waiter list changed (state lock held).
+  void watch_front_locked() noexcept;
+  void watch_head_locked() noexcept {
+    head_seq_.store(head_ ? head_->seq : ~std::uint64_t{0}, std::memory_order_release);
+  }
   /// Uncounts a node that left the list from its group, under the lock (see
   /// poll_group::end_wait). `hold` keeps the group's reference to this stream, if it was the
   /// last, for the caller to drop after unlocking.
@@ -576,6 +591,17 @@ class stream_state final : public completion_source {
   void settle_releases() const noexcept;
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> tail_watch_{0};
+  // The doorbell (backend::doorbell) and what quiet() compares it with: the oldest marker's
+  // position if that marker rings it (else 0), and the first linked waiter's position (else
+  // max). recheck_at_ and pending_seen_ are steady-clock counts: when the stream must be asked
+  // again whatever the doorbell says, and when a lock-free poll last saw the oldest marker
+  // pending (for learning op durations, as a pending query does).
+  const backend::doorbell bell_;
+  std::atomic<std::uint64_t> bell_watch_{0};
+  std::atomic<std::uint64_t> head_seq_{~std::uint64_t{0}};
+  std::atomic<clock::rep> recheck_at_{0};
+  std::atomic<clock::rep> pending_seen_{0};
+  std::atomic<std::uint64_t> locked_polls_{0};
   fifo_ring<marker_rec> markers_;
   wait_node* head_ = nullptr;
   wait_node* tail_ = nullptr;

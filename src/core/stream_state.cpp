@@ -15,7 +15,8 @@ stream_state::stream_state(std::shared_ptr<device_state> dev, std::unique_ptr<ba
     : device(std::move(dev)),
       backend(std::move(bs)),
       policy(device->runtime->options.completion),
-      spin_limit(device->runtime->options.spin_limit) {
+      spin_limit(device->runtime->options.spin_limit),
+      bell_(backend->bell()) {
   device->add_stream(this);
 }
 
@@ -27,6 +28,7 @@ stream_state::~stream_state() {
     std::lock_guard lock(mutex_);
     markers_.for_each([&](marker_rec& m) { backend->release_marker(m.m); });
     markers_.clear();
+    watch_front_locked();
     arena_.release(*device);
     device->remove_stream(this);
   }
@@ -39,6 +41,7 @@ void stream_state::record_marker_locked(std::uint64_t seq) {
   {
     std::lock_guard lock(mutex_);
     markers_.push_back({m, clock::now()});
+    if (markers_.size() == 1) watch_front_locked();
   }
   last_marked_.store(seq, std::memory_order_release);
 }
@@ -212,19 +215,23 @@ void stream_state::link_locked(wait_node& node) {
     node.next->prev = &node;
   else
     tail_ = &node;
-  if (after)
+  if (after) {
     after->next = &node;
-  else
+  } else {
     head_ = &node;
+    watch_head_locked();
+  }
   node.linked = true;
 }
 
 void stream_state::unlink_locked(wait_node& node) noexcept {
   if (!node.linked) return;
-  if (node.prev)
+  if (node.prev) {
     node.prev->next = node.next;
-  else
+  } else {
     head_ = node.next;
+    watch_head_locked();
+  }
   if (node.next)
     node.next->prev = node.prev;
   else
@@ -236,9 +243,7 @@ void stream_state::unlink_locked(wait_node& node) noexcept {
 bool stream_state::arm(wait_node& node, std::uint64_t seq, const asio::any_io_executor* executor) {
   poll_group* group;
   if (executor) {
-    auto& g = executor_group::of(*executor);
-    g.bind(*executor);
-    group = &g;
+    group = &executor_group::of(*executor).lane(*executor);
   } else {
     group = &engine::get().inline_group();
   }
@@ -298,14 +303,43 @@ void stream_state::claim_locked(wait_node& node, intrusive_ptr<stream_state>& ho
   uncount_locked(node, hold);
 }
 
+void stream_state::watch_front_locked() noexcept {
+  const bool rings = bell_.word && !markers_.empty() && markers_.front().m.rings;
+  bell_watch_.store(rings ? markers_.front().m.seq : 0, std::memory_order_release);
+}
+
+bool stream_state::quiet(clock::time_point now) noexcept {
+  if (!bell_.word) return false;
+  const std::uint64_t watch = bell_watch_.load(std::memory_order_acquire);
+  if (watch == 0) return false;
+  // 32-bit positions compared modulo 2^32, as the device writes them.
+  const std::uint32_t rung = __atomic_load_n(bell_.word, __ATOMIC_ACQUIRE);
+  if (static_cast<std::int32_t>(rung - static_cast<std::uint32_t>(watch)) >= 0) return false;
+  // A blocking wait or a trim may have moved the completed position without firing waiters.
+  if (completed_.load(std::memory_order_acquire) >= head_seq_.load(std::memory_order_acquire))
+    return false;
+  const clock::rep t = now.time_since_epoch().count();
+  if (bell_.recheck.count() != 0 && t >= recheck_at_.load(std::memory_order_relaxed)) return false;
+  // Written at most once a microsecond: pollers on other threads read this line too.
+  if (t - pending_seen_.load(std::memory_order_relaxed) > 1000)
+    pending_seen_.store(t, std::memory_order_relaxed);
+  return true;
+}
+
 bool stream_state::advance_locked(keep_drop& drop) {
   bool progress = false;
   const auto now = clock::now();
+  // A lock-free poll that saw the oldest marker pending counts as a pending query.
+  last_pending_query_ = std::max(
+      last_pending_query_, clock::time_point(clock::duration(pending_seen_.load(std::memory_order_relaxed))));
+  if (last_pending_query_ > now) last_pending_query_ = now;
   while (!markers_.empty()) {
     marker_rec& front = markers_.front();
     const auto st = backend->query(front.m);
     if (st == backend::marker_state::pending) {
       last_pending_query_ = now;
+      if (bell_.recheck.count() != 0)
+        recheck_at_.store((now + bell_.recheck).time_since_epoch().count(), std::memory_order_relaxed);
       break;
     }
     if (st == backend::marker_state::failed) {
@@ -339,6 +373,7 @@ bool stream_state::advance_locked(keep_drop& drop) {
     markers_.pop_front();
     progress = true;
   }
+  if (progress) watch_front_locked();
   const std::uint64_t done = completed_.load(std::memory_order_relaxed);
   while (!keepalive_.empty() && keepalive_.front_seq() <= done) keepalive_.pop_into(drop.next());
   if (keepalive_.size() < keepalive_trim) trim_at_ = keepalive_trim;
@@ -363,12 +398,14 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired, keep_drop& drop,
 }
 
 
-bool stream_state::poll(std::vector<wait_node*>& fired) {
+bool stream_state::poll(std::vector<wait_node*>& fired, clock::time_point now) {
+  if (quiet(now)) return false;
   keep_drop drop;
   intrusive_ptr<stream_state> hold;  // dropped last, after the lock
   bool progress;
   {
     std::lock_guard lock(mutex_);
+    locked_polls_.store(locked_polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     // Counted before completed_ can move: a blocking wait that sees its op complete then
     // sees this poll's release still to come.
     const bool keeps = !keepalive_.empty();
@@ -413,6 +450,7 @@ host_func_scope::~host_func_scope() { current_host_func = outer_; }
 const host_func_scope* host_func_scope::current() noexcept { return current_host_func; }
 
 bool stream_state::advance() {
+  if (quiet(clock::now())) return false;
   keep_drop drop;
   bool progress;
   {

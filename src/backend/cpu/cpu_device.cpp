@@ -400,6 +400,7 @@ void cpu_stream::finished(op* o, std::vector<op*>& ready) {
     halt_status_ = status;
   }
   completed_.store(o->seq, std::memory_order_release);
+  __atomic_store_n(&rung_, static_cast<std::uint32_t>(o->seq), __ATOMIC_RELEASE);
   if (blocked_) cv_.notify_all();
   for (auto it = dependents_.begin(); it != dependents_.end();) {
     if (it->first <= o->seq) {
@@ -583,7 +584,7 @@ void cpu_stream::write_value(std::uint64_t seq, void* addr, value_memory, std::u
 
 marker cpu_stream::record_marker(std::uint64_t seq) {
   device_.count_marker();
-  return {seq, nullptr};
+  return {seq, nullptr, true};
 }
 
 marker_state cpu_stream::query(const marker& m) {

@@ -215,6 +215,8 @@ class cpu_stream final : public stream {
 
   marker record_marker(std::uint64_t seq) override;
   marker_state query(const marker& m) override;
+  /// Exact: a failed op moves it too, as every op completes.
+  doorbell bell() const noexcept override { return {&rung_, {}}; }
   bool wait_marker(const marker& m, clock::time_point deadline) override;
   void release_marker(const marker&) noexcept override {}
   fault take_fault() override;
@@ -246,6 +248,7 @@ class cpu_stream final : public stream {
   op_queue queue_;
   op* running_ = nullptr;
   std::atomic<std::uint64_t> completed_{0};
+  std::uint32_t rung_ = 0;  // the doorbell: completed_'s low 32 bits (atomic stores and loads)
   std::atomic<std::uint64_t> fault_seq_{~std::uint64_t{0}};
   fault fault_;
   std::atomic<bool> stop_on_failure_{false};

@@ -195,6 +195,7 @@ class counter_markers final : public marker_source {
 
   CUresult record(std::uint64_t seq, marker& out) override {
     out.handle = nullptr;
+    out.rings = true;
     last_.store(seq, std::memory_order_relaxed);
     // The default flags order the write after every earlier op of the stream, with a
     // system-wide memory fence, so data those ops wrote is visible once the value is.
@@ -205,6 +206,12 @@ class counter_markers final : public marker_source {
   CUresult poll(const marker& m) override {
     if (reached(m.seq)) return CUDA_SUCCESS;
     return health_.due(*ctx_, stream_, detached());  // success means idle: the write has happened
+  }
+
+  // The slot is the doorbell. A fault keeps the device from writing it: ask the stream as
+  // often as poll() does.
+  doorbell bell() const noexcept override {
+    return {slot_, std::chrono::duration_cast<std::chrono::microseconds>(health_interval)};
   }
 
   void release(const marker&) noexcept override {}
@@ -297,6 +304,9 @@ class auto_markers final : public marker_source {
   bool is_event(const marker& m) const noexcept override { return m.handle != nullptr; }
 
   CUresult poll(const marker& m) override { return m.handle ? events_.poll(m) : counters_.poll(m); }
+
+  // Counter markers ring it; event markers do not (the core queries those).
+  doorbell bell() const noexcept override { return counters_.bell(); }
 
   void release(const marker& m) noexcept override {
     if (m.handle) events_.release(m);

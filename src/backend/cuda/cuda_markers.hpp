@@ -47,6 +47,8 @@ class marker_source {
   virtual bool is_event(const marker&) const noexcept { return false; }
   /// CUDA_SUCCESS once done, CUDA_ERROR_NOT_READY while pending, else the stream's error.
   virtual CUresult poll(const marker& m) = 0;
+  /// The word that ringing markers write (stream::bell()); none by default.
+  virtual doorbell bell() const noexcept { return {}; }
   /// Sleeps until `until`, or earlier when the marker may have completed.
   virtual void block(const marker& m, clock::time_point until);
   /// True if block() wakes when the marker completes (else it sleeps until `until`).

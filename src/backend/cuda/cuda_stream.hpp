@@ -54,6 +54,7 @@ class cuda_stream final : public stream {
 
   marker record_marker(std::uint64_t seq) override;
   marker_state query(const marker& m) override;
+  doorbell bell() const noexcept override { return markers_->bell(); }
   bool wait_marker(const marker& m, clock::time_point deadline) override;
   void release_marker(const marker& m) noexcept override;
   fault take_fault() override;

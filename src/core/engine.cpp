@@ -127,16 +127,30 @@ void poll_group::prune_locked() noexcept {
 }
 
 bool poll_group::poll_once(std::vector<wait_node*>& fired) {
+  summary ignored;
+  return poll_once(fired, ignored);
+}
+
+bool poll_group::poll_once(std::vector<wait_node*>& fired, summary& out) {
   thread_local std::vector<intrusive_ptr<stream_state>> snapshot;
   snapshot.clear();
+  out = {};
   {
     std::lock_guard lock(mutex_);
-    for (auto& [p, entry] : streams_)
-      if (entry.first) snapshot.push_back(entry.first);
+    for (auto& [p, entry] : streams_) {
+      if (!entry.first) continue;
+      snapshot.push_back(entry.first);
+      ++out.streams;
+      if (eagerness(p->policy) > eagerness(out.policy)) out.policy = p->policy;
+      out.spin_limit = std::max(out.spin_limit, p->spin_limit);
+    }
   }
   bool progress = false;
   const auto now = clock::now();
-  for (auto& s : snapshot) progress |= s->poll(fired, now);  // uncounts what it fires
+  for (auto& s : snapshot) {
+    progress |= s->poll(fired, now);  // uncounts what it fires
+    out.next_expected = std::min(out.next_expected, s->expected_ready());
+  }
   snapshot.clear();
   return progress;
 }
@@ -343,7 +357,8 @@ void executor_lane::poll_step() {
   std::vector<wait_node*> local;
   local.swap(fired);  // a nested poll step (inline resumption that runs the context) gets its own
   local.clear();
-  const bool progress = poll_once(local);
+  summary seen;
+  const bool progress = poll_once(local, seen);
   const auto now = clock::now();
   bool repost = false, park = false;
   {
@@ -352,13 +367,20 @@ void executor_lane::poll_step() {
     if (pending() == 0) {
       state_ = state::idle;
     } else {
-      const completion_policy p = policy();
+      // What poll_once saw; a stream whose wait arrived since counts at the next step, unless
+      // it is the only one.
+      if (seen.streams == 0) {
+        seen.policy = policy();
+        seen.spin_limit = spin_limit();
+        seen.next_expected = next_expected(now);
+      }
+      const completion_policy p = seen.policy;
       if (p == completion_policy::spin) {
         repost = true;
       } else if (p == completion_policy::hybrid) {
-        const auto expected = next_expected(now);
+        const auto expected = seen.next_expected;
         const bool far = expected != clock::time_point::max() && expected - now > park_early;
-        repost = !far && now - last_progress_ < spin_limit();
+        repost = !far && now - last_progress_ < seen.spin_limit;
         park = !repost;
       } else {
         park = true;

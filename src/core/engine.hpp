@@ -51,6 +51,14 @@ class poll_group {
   /// Returns true if any stream made progress. A stream whose doorbell did not move costs a
   /// few loads (stream_state::quiet).
   bool poll_once(std::vector<wait_node*>& fired);
+  /// What a poll step decides by, gathered by poll_once with no extra lock.
+  struct summary {
+    completion_policy policy = completion_policy::blocking;  // the most eager watched
+    std::chrono::microseconds spin_limit{0};                 // the longest watched
+    clock::time_point next_expected = clock::time_point::max();
+    std::size_t streams = 0;  // watched when the poll began
+  };
+  bool poll_once(std::vector<wait_node*>& fired, summary& out);
   /// The longest spin limit among the watched streams.
   std::chrono::microseconds spin_limit();
   std::size_t pending() const noexcept { return pending_.load(std::memory_order_acquire); }

@@ -533,8 +533,8 @@ class stream_state final : public completion_source {
   bool watching_doorbell() const noexcept { return bell_watch_.load(std::memory_order_acquire) != 0; }
   /// Polls that took the state lock (for tests of the doorbell).
   std::uint64_t locked_polls() const noexcept { return locked_polls_.load(std::memory_order_relaxed); }
-  /// When the oldest marker is expected to complete (max() when unknown or none).
-  clock::time_point expected_ready();
+  /// When the oldest marker is expected to complete (max() when unknown or none); no lock.
+  clock::time_point expected_ready() const noexcept;
   /// Blocks in the backend on the oldest marker until `deadline`.
   void block_on_front(clock::time_point deadline);
   /// Records a failure that was never observed, to surface at the next wait.
@@ -563,7 +563,8 @@ class stream_state final : public completion_source {
   std::error_code result_locked(std::uint64_t seq, bool sync) noexcept;
   void link_locked(wait_node& node);
   void unlink_locked(wait_node& node) noexcept;
-  /// Publishes what quiet() reads after the markers or the waiter list changed (state lock held).
+  /// Publishes what quiet() and expected_ready() read after the oldest marker changed (state
+  /// lock held).
   void watch_front_locked() noexcept;
   void watch_head_locked() noexcept {
     head_seq_.store(head_ ? head_->seq : ~std::uint64_t{0}, std::memory_order_release);
@@ -601,6 +602,7 @@ class stream_state final : public completion_source {
   std::atomic<std::uint64_t> head_seq_{~std::uint64_t{0}};
   std::atomic<clock::rep> recheck_at_{0};
   std::atomic<clock::rep> pending_seen_{0};
+  std::atomic<clock::rep> expected_at_{clock::time_point::max().time_since_epoch().count()};
   std::atomic<std::uint64_t> locked_polls_{0};
   fifo_ring<marker_rec> markers_;
   wait_node* head_ = nullptr;

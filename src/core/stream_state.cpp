@@ -306,6 +306,12 @@ void stream_state::claim_locked(wait_node& node, intrusive_ptr<stream_state>& ho
 void stream_state::watch_front_locked() noexcept {
   const bool rings = bell_.word && !markers_.empty() && markers_.front().m.rings;
   bell_watch_.store(rings ? markers_.front().m.seq : 0, std::memory_order_release);
+  auto expected = clock::time_point::max();
+  if (!markers_.empty() && ewma_ns_ != 0) {
+    const auto start = std::max(markers_.front().enqueued, last_done_);
+    expected = start + std::chrono::nanoseconds(static_cast<std::int64_t>(ewma_ns_));
+  }
+  expected_at_.store(expected.time_since_epoch().count(), std::memory_order_relaxed);
 }
 
 bool stream_state::quiet(clock::time_point now) noexcept {
@@ -418,11 +424,8 @@ bool stream_state::poll(std::vector<wait_node*>& fired, clock::time_point now) {
   return progress;
 }
 
-clock::time_point stream_state::expected_ready() {
-  std::lock_guard lock(mutex_);
-  if (markers_.empty() || ewma_ns_ == 0) return clock::time_point::max();
-  const auto start = std::max(markers_.front().enqueued, last_done_);
-  return start + std::chrono::nanoseconds(static_cast<std::int64_t>(ewma_ns_));
+clock::time_point stream_state::expected_ready() const noexcept {
+  return clock::time_point(clock::duration(expected_at_.load(std::memory_order_relaxed)));
 }
 
 void stream_state::block_on_front(clock::time_point deadline) {

@@ -610,12 +610,29 @@ TEST_P(engine_test, WaitsArmedOnDifferentThreadsArePolledInLanesOfTheirOwn) {
 // Rule 10: a poll of a stream whose doorbell has not moved reads it and takes no lock (on a
 // doorbell that a fault may keep still, at most once per recheck period).
 TEST_P(engine_test, PollsOfAStreamWhoseDoorbellStandsStillTakeNoLock) {
+  // On CUDA, counter markers ring the doorbell (auto markers may record events, which do not):
+  // a runtime of its own with counters.
+  std::unique_ptr<runtime> own;
+  device* d = &dev();
+  if (GetParam() == backend::cuda) {
+    const char* before = std::getenv("CORA_CUDA_MARKER");
+    const std::string saved = before ? before : "";
+    ::setenv("CORA_CUDA_MARKER", "counter", 1);
+    runtime_options o;
+    o.use_environment = false;
+    o.backend = backend_selection::cuda;
+    own = std::make_unique<runtime>(o);
+    if (before)
+      ::setenv("CORA_CUDA_MARKER", saved.c_str(), 1);
+    else
+      ::unsetenv("CORA_CUDA_MARKER");
+    d = &own->device(0);
+  }
   with_watchdog(60s, [&] {
-    auto s = dev().make_stream();
+    auto s = d->make_stream();
     detail::stream_state* st = s.state();
     const ::cora::backend::doorbell bell = st->backend->bell();
     ASSERT_NE(bell.word, nullptr) << "both backends' streams have doorbells";
-    std::this_thread::sleep_for(5ms);  // CUDA's auto markers: counters (which ring) while one thread records
     asio::io_context ctx;  // not run until the bell has been polled: nobody else polls the stream
     auto work = asio::make_work_guard(ctx);
     gate g;
@@ -639,6 +656,33 @@ TEST_P(engine_test, PollsOfAStreamWhoseDoorbellStandsStillTakeNoLock) {
     ctx.run();  // the bell rings: a poll takes the lock and fires the waiter
     EXPECT_TRUE(fired);
     EXPECT_GT(st->locked_polls(), before + locked);
+  });
+}
+
+// A wait armed on a context whose shutdown already withdrew its waits (another thread arming
+// while the context is destroyed) ends at once instead of staying in a lane that is about to go.
+TEST_P(engine_test, AWaitArmedAfterItsContextShutDownEndsAtOnce) {
+  struct closable_context : asio::io_context {
+    using asio::io_context::shutdown;
+  };
+  with_watchdog(60s, [&] {
+    auto s = dev().make_stream();
+    gate g;
+    auto held = g.hold(s);
+    std::optional<closable_context> ctx(std::in_place);
+    auto& group = detail::executor_group::of(ctx->get_executor());
+    auto token = std::make_shared<int>(0);
+    s.launch(kernels().kernel("empty"), {}).async_wait(asio::bind_executor(*ctx, [token](std::error_code) {}));
+    EXPECT_EQ(group.pending(), 1u);
+    ctx->shutdown();  // as ~io_context does first: the wait is withdrawn, its handler dropped
+    EXPECT_EQ(group.pending(), 0u);
+    EXPECT_EQ(token.use_count(), 1) << "the withdrawn wait's handler is still held";
+    s.launch(kernels().kernel("empty"), {}).async_wait(asio::bind_executor(*ctx, [token](std::error_code) {}));
+    EXPECT_EQ(group.pending(), 0u) << "a wait was left in a lane of a context that is going";
+    ctx.reset();  // its queue, with the aborted completion in it, goes with it
+    EXPECT_EQ(token.use_count(), 1);
+    g.open();
+    s.synchronize().wait();
   });
 }
 

@@ -100,6 +100,7 @@ void poll_group::begin_wait(stream_state* s) {
   if (it->second.second++ == 0) {
     it->second.first = intrusive_ptr<stream_state>::share(s);
     ++live_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   pending_.fetch_add(1, std::memory_order_acq_rel);
 }
@@ -137,6 +138,7 @@ bool poll_group::poll_once(std::vector<wait_node*>& fired, summary& out) {
   out = {};
   {
     std::lock_guard lock(mutex_);
+    out.generation = generation_.load(std::memory_order_relaxed);
     for (auto& [p, entry] : streams_) {
       if (!entry.first) continue;
       snapshot.push_back(entry.first);
@@ -278,6 +280,7 @@ executor_lane& executor_group::make_lane(const asio::any_io_executor& ex) {
     return *lanes_[std::hash<std::thread::id>{}(self) % max_lanes];
   }
   lanes_.push_back(std::make_unique<executor_lane>(executor_));
+  if (shut_down_) lanes_.back()->shut_down();  // a wait armed from now on is aborted at once
   by_thread_.emplace_back(self, lanes_.back().get());
   return *lanes_.back();
 }
@@ -298,6 +301,7 @@ void executor_group::shutdown() {
   std::vector<executor_lane*> lanes;
   {
     std::lock_guard lock(mutex_);
+    shut_down_ = true;
     for (auto& l : lanes_) lanes.push_back(l.get());
   }
   for (executor_lane* l : lanes) l->shut_down();
@@ -367,9 +371,9 @@ void executor_lane::poll_step() {
     if (pending() == 0) {
       state_ = state::idle;
     } else {
-      // What poll_once saw; a stream whose wait arrived since counts at the next step, unless
-      // it is the only one.
-      if (seen.streams == 0) {
+      // What poll_once saw, unless a stream was added to the watch meanwhile (its op may be
+      // short, or of a more eager policy).
+      if (seen.generation != generation()) {
         seen.policy = policy();
         seen.spin_limit = spin_limit();
         seen.next_expected = next_expected(now);
@@ -398,7 +402,10 @@ void executor_lane::poll_step() {
 }
 
 void executor_lane::shut_down() noexcept {
-  engine::get().forget(this);
+  // Before the waits are withdrawn: an arm that links its wait after abort_all took the
+  // stream's lock sees it there and aborts the wait itself (stream_state::arm).
+  closed_.store(true, std::memory_order_release);
+  if (parked_once_.load(std::memory_order_acquire)) engine::get().forget(this);
   abort_all(asio::error::operation_aborted);
   // Completions claimed by pollers of other contexts may still be posting to this one: the
   // context (and its scheduler, which then destroys what they posted) stays until they are.

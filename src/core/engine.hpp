@@ -57,6 +57,7 @@ class poll_group {
     std::chrono::microseconds spin_limit{0};                 // the longest watched
     clock::time_point next_expected = clock::time_point::max();
     std::size_t streams = 0;  // watched when the poll began
+    std::uint64_t generation = 0;  // the group's generation then
   };
   bool poll_once(std::vector<wait_node*>& fired, summary& out);
   /// The longest spin limit among the watched streams.
@@ -74,6 +75,10 @@ class poll_group {
   /// its completion handler is done with the node and its executor (fired_one).
   void claimed() noexcept { firing_.fetch_add(1, std::memory_order_relaxed); }
   void fired_one() noexcept { firing_.fetch_sub(1, std::memory_order_release); }
+  /// True once the group is shut down: a wait linked after that is aborted by its arm.
+  bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+  /// Bumped whenever a stream is first watched: a poll step knows its summary is stale.
+  std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
 
  protected:
   std::mutex mutex_;
@@ -86,6 +91,8 @@ class poll_group {
   // Claimed waits whose completion is still being handed to their executor: a group whose
   // context is being destroyed waits for them, so that no completer posts to a freed context.
   std::atomic<std::size_t> firing_{0};
+  std::atomic<bool> closed_{false};
+  std::atomic<std::uint64_t> generation_{0};
 };
 
 class executor_group;
@@ -108,7 +115,8 @@ class executor_lane final : public poll_group {
   /// resumes the waiter without a wake-up after it. Once per expected end `at`; false when
   /// this lane was already handed back for `at` or is no longer parked.
   bool hand_back(clock::time_point at);
-  /// Withdraws the lane's waits and waits until no completion of it is being posted.
+  /// Withdraws the lane's waits and waits until no completion of it is being posted; waits
+  /// armed later are aborted at once (closed()).
   void shut_down() noexcept;
 
  private:
@@ -154,6 +162,7 @@ class executor_group final : public asio::execution_context::service {
   asio::any_io_executor executor_;
   std::vector<std::unique_ptr<executor_lane>> lanes_;
   std::vector<std::pair<std::thread::id, executor_lane*>> by_thread_;
+  bool shut_down_ = false;  // under mutex_: lanes made later start closed
 };
 
 /// The process-wide engine thread (started on first use, idle on a condition variable when

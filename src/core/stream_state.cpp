@@ -273,6 +273,15 @@ bool stream_state::arm(wait_node& node, std::uint64_t seq, const asio::any_io_ex
       node.state.store(1, std::memory_order_release);
       return false;
     }
+    if (group->closed()) {
+      // The group's context is being destroyed: its shutdown may have withdrawn its waits
+      // already, so this one ends here, as they did.
+      node.ec = make_error_code(asio::error::operation_aborted);
+      uncount_locked(node, hold);
+      node.group = nullptr;
+      node.state.store(1, std::memory_order_release);
+      return false;
+    }
     node.sync = sync;
     link_locked(node);
   }

@@ -195,12 +195,13 @@ class counter_markers final : public marker_source {
 
   CUresult record(std::uint64_t seq, marker& out) override {
     out.handle = nullptr;
-    out.rings = true;
     last_.store(seq, std::memory_order_relaxed);
     // The default flags order the write after every earlier op of the stream, with a
     // system-wide memory fence, so data those ops wrote is visible once the value is.
-    return ctx_->api.cuStreamWriteValue32(stream_, device_slot_, static_cast<cuuint32_t>(seq),
-                                          CU_STREAM_WRITE_VALUE_DEFAULT);
+    const CUresult r = ctx_->api.cuStreamWriteValue32(stream_, device_slot_, static_cast<cuuint32_t>(seq),
+                                                      CU_STREAM_WRITE_VALUE_DEFAULT);
+    out.rings = r == CUDA_SUCCESS;  // a write that was never enqueued rings nothing
+    return r;
   }
 
   CUresult poll(const marker& m) override {
@@ -208,10 +209,11 @@ class counter_markers final : public marker_source {
     return health_.due(*ctx_, stream_, detached());  // success means idle: the write has happened
   }
 
-  // The slot is the doorbell. A fault keeps the device from writing it: ask the stream as
-  // often as poll() does.
+  // The slot is the doorbell. A fault keeps the device from writing it: the core polls at
+  // least twice per health interval, so poll() asks the stream about once per interval (its
+  // timer and the core's are not in step).
   doorbell bell() const noexcept override {
-    return {slot_, std::chrono::duration_cast<std::chrono::microseconds>(health_interval)};
+    return {slot_, std::chrono::duration_cast<std::chrono::microseconds>(health_interval) / 2};
   }
 
   void release(const marker&) noexcept override {}

@@ -142,7 +142,6 @@ bool poll_group::poll_once(std::vector<wait_node*>& fired, summary& out) {
     for (auto& [p, entry] : streams_) {
       if (!entry.first) continue;
       snapshot.push_back(entry.first);
-      ++out.streams;
       if (eagerness(p->policy) > eagerness(out.policy)) out.policy = p->policy;
       out.spin_limit = std::max(out.spin_limit, p->spin_limit);
     }
@@ -170,14 +169,6 @@ clock::time_point poll_group::next_expected(clock::time_point) {
   for (auto& s : snapshot) next = std::min(next, s->expected_ready());
   snapshot.clear();
   return next;
-}
-
-std::chrono::microseconds poll_group::spin_limit() {
-  std::lock_guard lock(mutex_);
-  std::chrono::microseconds limit{0};
-  for (auto& [s, entry] : streams_)
-    if (entry.first) limit = std::max(limit, s->spin_limit);
-  return limit;
 }
 
 completion_policy poll_group::policy() {
@@ -371,15 +362,10 @@ void executor_lane::poll_step() {
     if (pending() == 0) {
       state_ = state::idle;
     } else {
-      // What poll_once saw, unless a stream was added to the watch meanwhile (its op may be
-      // short, or of a more eager policy).
-      if (seen.generation != generation()) {
-        seen.policy = policy();
-        seen.spin_limit = spin_limit();
-        seen.next_expected = next_expected(now);
-      }
+      // Decided by what poll_once saw; a stream added to the watch meanwhile (its op may be
+      // short, or of a more eager policy) gets one more step, which sees it.
       const completion_policy p = seen.policy;
-      if (p == completion_policy::spin) {
+      if (p == completion_policy::spin || seen.generation != generation()) {
         repost = true;
       } else if (p == completion_policy::hybrid) {
         const auto expected = seen.next_expected;

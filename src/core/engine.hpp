@@ -56,12 +56,9 @@ class poll_group {
     completion_policy policy = completion_policy::blocking;  // the most eager watched
     std::chrono::microseconds spin_limit{0};                 // the longest watched
     clock::time_point next_expected = clock::time_point::max();
-    std::size_t streams = 0;  // watched when the poll began
-    std::uint64_t generation = 0;  // the group's generation then
+    std::uint64_t generation = 0;  // the group's generation when the poll began
   };
   bool poll_once(std::vector<wait_node*>& fired, summary& out);
-  /// The longest spin limit among the watched streams.
-  std::chrono::microseconds spin_limit();
   std::size_t pending() const noexcept { return pending_.load(std::memory_order_acquire); }
   /// The earliest expected completion among the watched streams' oldest markers.
   clock::time_point next_expected(clock::time_point now);

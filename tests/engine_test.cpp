@@ -41,6 +41,25 @@ int stress_scale() {
 class engine_test : public device_test {
  protected:
   std::uint64_t markers() { return dev().state()->backend->markers_recorded(); }
+
+  /// A device whose streams ring doorbells: the fixture's on the CPU device; on CUDA, one of
+  /// a runtime of its own (kept in `own`) with counter markers, since auto markers may record
+  /// events, which ring none.
+  device& ringing_device(std::unique_ptr<runtime>& own) {
+    if (GetParam() != backend::cuda) return dev();
+    const char* before = std::getenv("CORA_CUDA_MARKER");
+    const std::string saved = before ? before : "";
+    ::setenv("CORA_CUDA_MARKER", "counter", 1);
+    runtime_options o;
+    o.use_environment = false;
+    o.backend = backend_selection::cuda;
+    own = std::make_unique<runtime>(o);
+    if (before)
+      ::setenv("CORA_CUDA_MARKER", saved.c_str(), 1);
+    else
+      ::unsetenv("CORA_CUDA_MARKER");
+    return own->device(0);
+  }
 };
 CORA_DEVICE_SUITE(engine_test);
 
@@ -610,24 +629,8 @@ TEST_P(engine_test, WaitsArmedOnDifferentThreadsArePolledInLanesOfTheirOwn) {
 // Rule 10: a poll of a stream whose doorbell has not moved reads it and takes no lock (on a
 // doorbell that a fault may keep still, at most once per recheck period).
 TEST_P(engine_test, PollsOfAStreamWhoseDoorbellStandsStillTakeNoLock) {
-  // On CUDA, counter markers ring the doorbell (auto markers may record events, which do not):
-  // a runtime of its own with counters.
   std::unique_ptr<runtime> own;
-  device* d = &dev();
-  if (GetParam() == backend::cuda) {
-    const char* before = std::getenv("CORA_CUDA_MARKER");
-    const std::string saved = before ? before : "";
-    ::setenv("CORA_CUDA_MARKER", "counter", 1);
-    runtime_options o;
-    o.use_environment = false;
-    o.backend = backend_selection::cuda;
-    own = std::make_unique<runtime>(o);
-    if (before)
-      ::setenv("CORA_CUDA_MARKER", saved.c_str(), 1);
-    else
-      ::unsetenv("CORA_CUDA_MARKER");
-    d = &own->device(0);
-  }
+  device* d = &ringing_device(own);
   with_watchdog(60s, [&] {
     auto s = d->make_stream();
     detail::stream_state* st = s.state();
@@ -656,6 +659,50 @@ TEST_P(engine_test, PollsOfAStreamWhoseDoorbellStandsStillTakeNoLock) {
     ctx.run();  // the bell rings: a poll takes the lock and fires the waiter
     EXPECT_TRUE(fired);
     EXPECT_GT(st->locked_polls(), before + locked);
+  });
+}
+
+// The hybrid policy sleeps until an op is expected to end, learnt from the ops before it. Ops
+// found done together in one poll teach only through the first: the ones after it ended at
+// some unknown time before the poll. Taking each of them as just as long as the gap since the
+// one before (about nothing) made the next 1 ms kernel expected at once, and the waits after
+// it spin, then poll in growing steps and learn of the end late.
+TEST_P(engine_test, OpsFoundDoneInOnePollTeachTheirDurationOnce) {
+  std::unique_ptr<runtime> own;
+  device& d = ringing_device(own);
+  with_watchdog(60s, [&] {
+    auto s = d.make_stream();
+    detail::stream_state* st = s.state();
+    const ::cora::backend::doorbell bell = st->backend->bell();
+    ASSERT_NE(bell.word, nullptr);
+    const auto held_for = 20ms;
+    gate g;
+    auto first = g.hold(s);
+    st->mark(st->last_position());
+    auto second = s.host_func([] {});
+    const std::uint64_t last = st->last_position();
+    st->mark(last);
+    std::this_thread::sleep_for(held_for);  // the first op lasts at least this long
+    g.open();
+    // Both done before anyone polls: the doorbell (read without polling) reaches the second.
+    while (static_cast<std::int32_t>(__atomic_load_n(bell.word, __ATOMIC_ACQUIRE) - static_cast<std::uint32_t>(last)) < 0)
+      std::this_thread::yield();
+    std::vector<detail::wait_node*> nodes;
+    st->poll(nodes);
+    ASSERT_EQ(st->completed_position(), last) << "one poll found both ops done";
+    // The next op is expected to take about as long as the first.
+    gate g2;
+    auto third = g2.hold(s);
+    st->mark(st->last_position());
+    st->poll(nodes);
+    const auto expected = st->expected_ready();
+    ASSERT_NE(expected, std::chrono::steady_clock::time_point::max()) << "the estimate was lost";
+    EXPECT_GT(expected - std::chrono::steady_clock::now(), held_for / 2)
+        << "the op found done right after another taught its duration";
+    g2.open();
+    third.wait();
+    first.wait();
+    second.wait();
   });
 }
 

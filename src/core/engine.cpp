@@ -29,6 +29,8 @@ constexpr auto overrun_spin = std::chrono::microseconds(200);
 // The longest sleep on a prediction: one learned from a long op must not hold up the short
 // ops after it for that long.
 constexpr auto max_predicted_sleep = std::chrono::milliseconds(1);
+// The most the engine wakes early to make up for its own wake-ups' lateness.
+constexpr clock::duration max_oversleep = std::chrono::microseconds(50);
 
 struct group_policy {
   completion_policy policy = completion_policy::blocking;
@@ -325,6 +327,10 @@ void executor_lane::schedule() {
   if (post) post_step();
 }
 
+clock::duration executor_lane::handoff_latency() const noexcept {
+  return clock::duration(handoff_.load(std::memory_order_relaxed));
+}
+
 bool executor_lane::parked() noexcept {
   std::lock_guard lock(state_mutex_);
   return state_ == state::parked;
@@ -337,6 +343,7 @@ bool executor_lane::hand_back(clock::time_point at) {
     handed_back_for_ = at;
     state_ = state::spinning;
     last_progress_ = clock::now();  // a full spin limit from now before parking again
+    handed_at_ = last_progress_;
   }
   post_step();
   return true;
@@ -353,11 +360,20 @@ void executor_lane::poll_step() {
   local.swap(fired);  // a nested poll step (inline resumption that runs the context) gets its own
   local.clear();
   summary seen;
+  const auto started = clock::now();
   const bool progress = poll_once(local, seen);
   const auto now = clock::now();
   bool repost = false, park = false;
   {
     std::lock_guard lock(state_mutex_);
+    if (handed_at_ != clock::time_point{}) {
+      // Learn how long a hand-back takes to run here (mostly an idle thread's wake-up).
+      const auto took = std::min<clock::duration>(started - handed_at_, max_handoff);
+      const clock::rep old = handoff_.load(std::memory_order_relaxed);
+      handoff_.store(old == 0 ? took.count() : (3 * old + took.count()) / 4, std::memory_order_relaxed);
+      handed_at_ = {};
+      last_progress_ = started;  // the spin limit counts from here, not from the hand-back
+    }
     if (progress) last_progress_ = now;
     if (pending() == 0) {
       state_ = state::idle;
@@ -524,18 +540,20 @@ void engine::run() {
         const auto p = g->policy();
         if (p == completion_policy::hybrid || p == completion_policy::spin) {
           const auto expected = g->next_expected(now);
-          // Expected within the wake margin: the group's own thread spins for the rest, so
-          // completion is learnt where the waiter resumes, not posted to a sleeping thread
-          // after it (docs/architecture.md, "The completion engine"). Once per expected
-          // end: an op that overruns its estimate stays with the engine.
+          // Expected within the wake margin (plus the time a hand-back takes to reach the
+          // lane's thread): the lane's own thread spins for the rest, so completion is learnt
+          // where the waiter resumes, not posted to a sleeping thread after it
+          // (docs/architecture.md, "The completion engine"). Once per expected end: an op
+          // that overruns its estimate stays with the engine.
+          const auto lead = g->handoff_latency();
           if (expected != clock::time_point::max() && expected > now &&
-              expected - now <= wake_margin && g->hand_back(expected)) {
+              expected - now <= wake_margin + lead && g->hand_back(expected)) {
             it = parked_.erase(it);
             continue;
           }
           any_waits = true;
           any_hybrid = true;
-          next = std::min(next, expected);
+          next = std::min(next, expected == clock::time_point::max() ? expected : expected - lead);
           ++it;
           continue;
         }
@@ -588,9 +606,16 @@ void engine::run() {
     if (wake_) continue;
     if (any_hybrid && next != clock::time_point::max()) {
       if (next - now > wake_margin) {
+        // This thread's own wake-ups run late by oversleep_ (learnt): it asks for that much
+        // earlier.
+        const auto until = std::min(next - wake_margin - oversleep_, now + max_predicted_sleep);
         set_asleep(true);
-        cv_.wait_until(lock, std::min(next - wake_margin, now + max_predicted_sleep));
+        const bool timed_out = cv_.wait_until(lock, until) == std::cv_status::timeout;
         set_asleep(false);
+        if (timed_out) {
+          const auto late = std::clamp<clock::duration>(clock::now() - until, clock::duration::zero(), max_oversleep);
+          oversleep_ = (3 * oversleep_ + late) / 4;
+        }
         continue;
       }
       if (now < next + overrun_spin) continue;  // expected any moment: spin

@@ -112,6 +112,11 @@ class executor_lane final : public poll_group {
   /// resumes the waiter without a wake-up after it. Once per expected end `at`; false when
   /// this lane was already handed back for `at` or is no longer parked.
   bool hand_back(clock::time_point at);
+  /// How long a hand-back takes to reach a thread of the lane's context (a wake-up of an
+  /// idle thread, learnt from past hand-backs, at most max_handoff): the engine hands back
+  /// this much earlier.
+  clock::duration handoff_latency() const noexcept;
+  static constexpr auto max_handoff = std::chrono::microseconds(60);
   /// Withdraws the lane's waits and waits until no completion of it is being posted; waits
   /// armed later are aborted at once (closed()).
   void shut_down() noexcept;
@@ -126,6 +131,8 @@ class executor_lane final : public poll_group {
   state state_ = state::idle;
   clock::time_point last_progress_{};
   clock::time_point handed_back_for_{};
+  clock::time_point handed_at_{};               // the pending hand-back's time, under state_mutex_
+  std::atomic<clock::rep> handoff_{0};          // handoff_latency()
   // Set before the first park: only then does the engine know the lane.
   std::atomic<bool> parked_once_{false};
 };
@@ -201,6 +208,7 @@ class engine {
   std::uint64_t passes_ = 0;
   bool asleep_ = false;
   unsigned barrier_waiters_ = 0;
+  clock::duration oversleep_{};  // how late this thread's timed sleeps end (engine thread only)
   void set_asleep(bool asleep) noexcept;  // under mutex_
   std::thread thread_;
   std::thread::id thread_id_;

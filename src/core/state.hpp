@@ -579,6 +579,7 @@ class stream_state final : public completion_source {
   bool poll_locked(std::vector<wait_node*>& fired, keep_drop& drop, intrusive_ptr<stream_state>& hold);
   /// Advances `completed` past completed markers and releases finished ops' keep-alives.
   bool advance_locked(keep_drop& drop);
+  void learn_locked(const marker_rec& front, clock::time_point now) noexcept;
 
   // Submitters write the first line, pollers the second: apart, neither evicts the other's.
   alignas(64) adaptive_mutex submit_mutex_;  // see enqueue_mutex()
@@ -617,6 +618,7 @@ class stream_state final : public completion_source {
   clock::time_point last_done_{};
   clock::time_point last_pending_query_{};
   double ewma_ns_ = 0;
+  unsigned late_in_row_ = 0;  // detections in a row that came with no pending query just before
 };
 
 /// Marks the calling thread as running a host function of `stream` (stream::host_func), so

@@ -341,6 +341,29 @@ bool stream_state::quiet(clock::time_point now) noexcept {
   return true;
 }
 
+// Learns how long ops take, for the hybrid policy's sleeps. A detection right after a pending
+// query measures the duration; a late one only bounds it.
+void stream_state::learn_locked(const marker_rec& front, clock::time_point now) noexcept {
+  const auto start = std::max(front.enqueued, last_done_);
+  const double upper = std::chrono::duration<double, std::nano>(now - start).count();
+  if (now - last_pending_query_ <= std::chrono::microseconds(20) || ewma_ns_ == 0) {
+    ewma_ns_ = ewma_ns_ == 0 ? upper : 0.75 * ewma_ns_ + 0.25 * upper;
+    late_in_row_ = 0;
+    return;
+  }
+  const double lower = last_pending_query_ > start
+                           ? std::chrono::duration<double, std::nano>(last_pending_query_ - start).count()
+                           : 0.0;
+  // Found done with no pending query just before: the op was shorter than predicted, or a
+  // wake-up came late. Shrink toward the lower bound: a clamp to [lower, upper] would keep an
+  // overestimate for ever, since every later detection then comes late and bounds it from
+  // above only. A lone late detection (a wake-up that came late) shrinks the estimate by an
+  // eighth, so that the next op is polled a little early and measured; a second in a row
+  // (ops that became shorter) halves it, to find the new length in a few ops.
+  const double shrink = ++late_in_row_ >= 2 ? 0.5 : 0.875;
+  ewma_ns_ = std::max(lower, std::min(ewma_ns_, upper) * shrink);
+}
+
 bool stream_state::advance_locked(keep_drop& drop) {
   bool progress = false;
   const auto now = clock::now();
@@ -366,22 +389,9 @@ bool stream_state::advance_locked(keep_drop& drop) {
         error_seq_.store(at, std::memory_order_release);
       }
     }
-    // Learn how long ops take, for the hybrid policy's sleeps. A detection right after a
-    // pending query measures the duration; a late one only bounds it.
-    const auto start = std::max(front.enqueued, last_done_);
-    const double upper = std::chrono::duration<double, std::nano>(now - start).count();
-    if (now - last_pending_query_ <= std::chrono::microseconds(20) || ewma_ns_ == 0) {
-      ewma_ns_ = ewma_ns_ == 0 ? upper : 0.75 * ewma_ns_ + 0.25 * upper;
-    } else {
-      const double lower =
-          last_pending_query_ > start
-              ? std::chrono::duration<double, std::nano>(last_pending_query_ - start).count()
-              : 0.0;
-      // Found done with no pending query just before: the op was shorter than predicted.
-      // Halve toward the lower bound; a clamp to [lower, upper] would keep an overestimate
-      // for ever, since every later detection then comes late and bounds it from above only.
-      ewma_ns_ = std::max(lower, std::min(ewma_ns_, upper) / 2);
-    }
+    // Only the first op found done in a pass teaches how long ops take: the ones after it
+    // ended at some time before now, and began when the one before ended, also before now.
+    if (!progress) learn_locked(front, now);
     last_done_ = now;
     completed_.store(front.m.seq, std::memory_order_release);
     backend->release_marker(front.m);

@@ -110,6 +110,12 @@ function(cora_add_kernel_binary target)
     # visibility, such as the standard library's): an image with one can never be unloaded,
     # and two loads of one image would share such statics instead of each having its own.
     target_compile_options(${target}_cpu PRIVATE $<$<CXX_COMPILER_ID:GNU>:-fno-gnu-unique>)
+    # Nothing exported from static archives: a toolchain that links the standard library
+    # statically (some GCC builds do by default) would otherwise export its GNU unique
+    # symbols, compiled in without -fno-gnu-unique, from every image.
+    if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+      target_link_options(${target}_cpu PRIVATE "LINKER:--exclude-libs,ALL")
+    endif()
     if(CORA_BUILD_FUZZERS)
       # No libFuzzer coverage in images: they are loaded and unloaded at run time, and libFuzzer
       # would go on reading the counters of an unloaded image.

@@ -1,13 +1,16 @@
 #include "cora/binary.hpp"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <sys/stat.h>
 
 #include <asio/post.hpp>
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -519,6 +522,49 @@ TEST(binary_unload, AnUnloadOnAnIdleDeviceUnloadsOnTheCallingThread) {
   const bool still_mapped = ::dladdr(code, &info) != 0;
   release.set_value();
   EXPECT_FALSE(still_mapped) << "the unloaded binary's image was still loaded after unload() returned";
+}
+
+// The GNU unique symbols among an ELF image's dynamic symbols (-1: not a readable ELF image).
+int gnu_unique_symbols(std::span<const std::byte> f) {
+  if (f.size() < sizeof(Elf64_Ehdr)) return -1;
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, f.data(), sizeof eh);
+  if (eh.e_shoff == 0 || eh.e_shoff + std::size_t{eh.e_shnum} * sizeof(Elf64_Shdr) > f.size()) return -1;
+  int unique = 0;
+  for (unsigned i = 0; i < eh.e_shnum; ++i) {
+    Elf64_Shdr sh;
+    std::memcpy(&sh, f.data() + eh.e_shoff + i * sizeof(Elf64_Shdr), sizeof sh);
+    if (sh.sh_type != SHT_DYNSYM) continue;
+    if (sh.sh_offset + sh.sh_size > f.size()) return -1;
+    for (std::size_t off = 0; off + sizeof(Elf64_Sym) <= sh.sh_size; off += sizeof(Elf64_Sym)) {
+      Elf64_Sym sym;
+      std::memcpy(&sym, f.data() + sh.sh_offset + off, sizeof sym);
+      if (ELF64_ST_BIND(sym.st_info) == STB_GNU_UNIQUE) ++unique;
+    }
+  }
+  return unique;
+}
+
+// A CPU image with a GNU unique symbol can never be unloaded (the dynamic loader keeps it for
+// the process's life). Images are compiled without them, and export nothing from static
+// archives, so that a toolchain that links the standard library statically (its archive
+// compiled with them) adds none either.
+TEST(binary_unload, CpuImagesHaveNoGnuUniqueSymbols) {
+  for (const char* file : {"test_kernels.corabin", "add_custom.corabin", "add_custom_tiling.corabin"}) {
+    SCOPED_TRACE(file);
+    const auto bytes = read_file(kernel_file(file));
+    std::error_code ec;
+    std::string message;
+    const detail::corabin c = detail::parse_corabin(bytes, ec, message);
+    ASSERT_FALSE(ec) << message;
+    int cpu_images = 0;
+    for (const auto& image : c.images) {
+      if (image.kind != detail::binary_kind::cpu_elf) continue;
+      ++cpu_images;
+      EXPECT_EQ(gnu_unique_symbols(image.bytes), 0);
+    }
+    EXPECT_EQ(cpu_images, 1);
+  }
 }
 
 // The memory file (its inode) a CPU image of `b` is mapped from.

@@ -342,8 +342,7 @@ bool executor_lane::hand_back(clock::time_point at) {
     if (state_ != state::parked || handed_back_for_ == at) return false;
     handed_back_for_ = at;
     state_ = state::spinning;
-    last_progress_ = clock::now();  // a full spin limit from now before parking again
-    handed_at_ = last_progress_;
+    handed_at_ = clock::now();  // the step that takes over restarts the spin limit
   }
   post_step();
   return true;
@@ -360,19 +359,19 @@ void executor_lane::poll_step() {
   local.swap(fired);  // a nested poll step (inline resumption that runs the context) gets its own
   local.clear();
   summary seen;
-  const auto started = clock::now();
   const bool progress = poll_once(local, seen);
   const auto now = clock::now();
   bool repost = false, park = false;
   {
     std::lock_guard lock(state_mutex_);
     if (handed_at_ != clock::time_point{}) {
-      // Learn how long a hand-back takes to run here (mostly an idle thread's wake-up).
-      const auto took = std::min<clock::duration>(started - handed_at_, max_handoff);
+      // Learn how long a hand-back takes to run here (mostly an idle thread's wake-up; the
+      // poll just made adds little).
+      const auto took = std::min<clock::duration>(now - handed_at_, max_handoff);
       const clock::rep old = handoff_.load(std::memory_order_relaxed);
       handoff_.store(old == 0 ? took.count() : (3 * old + took.count()) / 4, std::memory_order_relaxed);
       handed_at_ = {};
-      last_progress_ = started;  // the spin limit counts from here, not from the hand-back
+      last_progress_ = now;  // the spin limit counts from here, not from the hand-back
     }
     if (progress) last_progress_ = now;
     if (pending() == 0) {

@@ -111,15 +111,17 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
     ratio_row("small pipelines/s, batched / best raw unbatched", bv, rv, 2.0, True,
               f"{bv:,.0f}/s ({short(bk)})" if bv else "")
 
-    # 3. Waiting on 1 ms kernels.
+    # 3. Waiting on 1 ms kernels: the goals are issue 19's, with 8 waiters; one waiter is shown
+    # for information.
     for k in ("1", "8"):
+        info = " (info)" if k == "1" else ""
         hy = get(results, f"wait_cost/{tag}/K:{k}/cora/hybrid", "cpu_s_per_s")
         bs = get(results, f"wait_cost/{tag}/K:{k}/raw_blocking_sync", "cpu_s_per_s")
-        ratio_row(f"1 ms waits, K={k}: hybrid CPU s/s / blocking-sync's", hy, bs, 1.0, False,
+        ratio_row(f"1 ms waits, K={k}: hybrid CPU s/s / blocking-sync's{info}", hy, bs, 1.0, False,
                   f"{hy:.3f} vs {bs:.3f}" if hy is not None and bs else "")
         late = get(results, f"wait_cost/{tag}/K:{k}/cora/hybrid", "late_p50_us")
         if late is not None:
-            rows.append((f"1 ms waits, K={k}: hybrid late p50 (us, goal <= 25)", late / 25.0, 1.0, False,
+            rows.append((f"1 ms waits, K={k}: hybrid late p50 (us, goal <= 25){info}", late / 25.0, 1.0, False,
                          f"{late:.1f} us late (blocking-sync {get(results, f'wait_cost/{tag}/K:{k}/raw_blocking_sync', 'late_p50_us') or 0:.1f}, "
                          f"raw spin {get(results, f'wait_cost/{tag}/K:{k}/raw_spin', 'late_p50_us') or 0:.1f})"))
 
@@ -153,8 +155,18 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
     for src in ("file", "memory"):
         c = get(results, f"load/{tag}/{src}/cora", "p50_us")
         r = get(results, f"load/{tag}/{src}/raw", "p50_us")
-        ratio_row(f"load_binary from {src}, p50 / raw" + (" dlopen (CPU goal)" if cpu else ""), c, r,
-                  1.5 if cpu else 1.2, False, f"{c:.0f} vs {r:.0f} us" if c and r else "")
+        # The goal reads the paired row (raw and cora alternately in one loop): the separate
+        # rows, run one after the other, drift apart by more than the goal's margin.
+        pc = get(results, f"load/{tag}/{src}/paired", "cora_p50_us")
+        pr = get(results, f"load/{tag}/{src}/paired", "raw_p50_us")
+        if pc is not None and pr:
+            ratio_row(f"load_binary from {src}, p50 / raw" + (" dlopen (CPU goal)" if cpu else "") + ", alternately",
+                      pc, pr, 1.5 if cpu else 1.2, False, f"{pc:.0f} vs {pr:.0f} us")
+            ratio_row(f"load_binary from {src}, p50 / raw, separate rows (info)", c, r,
+                      1.5 if cpu else 1.2, False, f"{c:.0f} vs {r:.0f} us" if c and r else "")
+        else:
+            ratio_row(f"load_binary from {src}, p50 / raw" + (" dlopen (CPU goal)" if cpu else ""), c, r,
+                      1.5 if cpu else 1.2, False, f"{c:.0f} vs {r:.0f} us" if c and r else "")
         a = get(results, f"load/{tag}/{src}/raw_unload_away", "p50_us")
         if a:
             ratio_row(f"load_binary from {src}, p50 / raw, unloads on another thread (info)", c, a,
@@ -164,6 +176,11 @@ def goals_for(results, tag, roundtrip_tool, default_device=False):
         r = get(results, f"load/{tag}/memory/raw", "p50_us")
         ratio_row("load_binary's work without the hop, from memory, p50 / raw (info)", ci, r,
                   1.5 if cpu else 1.2, False, f"{ci:.0f} vs {r:.0f} us" if r else f"{ci:.0f} us")
+    jl = get(results, f"load/{tag}/memory/raw_jit_log", "p50_us")
+    if jl is not None:
+        r = get(results, f"load/{tag}/memory/raw", "p50_us")
+        ratio_row("raw load with a JIT error log, p50 / raw without (info)", jl, r, 1.2, False,
+                  f"{jl:.0f} vs {r:.0f} us" if r else f"{jl:.0f} us")
     fl = get(results, f"load/{tag}/first_launch/cora", "p50_us")
     fr = get(results, f"load/{tag}/first_launch/raw", "p50_us")
     if fl is not None:

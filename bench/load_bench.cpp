@@ -31,6 +31,12 @@
 // load on the H100, 20-50 us on the CPU device): what cora's loads cost when the previous
 // unload had to go to a cora thread. Information only; the goals read `raw`.
 //
+// paired: raw and cora alternately in one loop (see paired_load); the goals read its ratio, as
+// the separate rows' times drift between passes by more than the goal's margin.
+//
+// raw_jit_log (memory only, information): the raw load with the options cora's load passes (a
+// JIT error log buffer and its size).
+//
 // cora_inline (memory only, information): load_binary's own work (recognising the bytes, the
 // checksums, the device load) called directly on the calling thread. load_binary itself loads
 // there too while the device is idle (on a GPU: while cora's streams are idle, see
@@ -278,10 +284,16 @@ void load_functions(const cb::raw_cuda& r, CUmodule m) {
   }
 }
 
-void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool eager, bool unload_away) {
+void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool eager, bool unload_away,
+             bool jit_log = false) {
   image img(cora::detail::binary_kind::cuda_fatbin);
   cb::raw_cuda r(ordinal);
   cb::latencies lat;
+  // jit_log: the two options cora passes (an error log buffer and its size).
+  std::vector<char> log(16 * 1024);
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {log.data(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(log.size()))};
+  const unsigned n_options = jit_log ? 2 : 0;
   for (auto _ : state) {
     for (int i = 0; i < loads(); ++i) {
       const auto t0 = clk::now();
@@ -294,7 +306,9 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool 
         if (ec) throw std::runtime_error(message);
         cb::check(r.api().cuModuleLoadDataEx(&m, bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
       } else {
-        cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
+        cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), n_options, jit_log ? options : nullptr,
+                                             jit_log ? values : nullptr),
+                  "cuModuleLoadDataEx");
       }
       if (eager) load_functions(r, m);
       lat.add(clk::now() - t0);
@@ -310,7 +324,7 @@ void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool 
   lat.report(state);
   state.SetLabel(std::string(from_file ? "read the fatbin file + cuModuleLoadDataEx" : "cuModuleLoadDataEx") +
                  (eager ? " + every function loaded and described" : "") +
-                 (unload_away ? ", unloaded on another thread" : ""));
+                 (unload_away ? ", unloaded on another thread" : "") + (jit_log ? ", with a JIT error log" : ""));
 }
 #endif
 
@@ -356,6 +370,106 @@ void cora_load_inline(benchmark::State& state, std::size_t index) {
   state.SetLabel("load_binary's work on the calling thread, no hop (information)");
 }
 
+/// A raw load of the device's own image: loads it and returns what unloads it.
+using raw_load = std::function<std::function<void()>()>;
+
+/// The raw loads that the goals compare with (the `raw` rows' work).
+raw_load raw_loader_cpu(const image& img, bool from_file) {
+  return [&img, from_file]() -> std::function<void()> {
+    void* h = nullptr;
+    int fd = -1;
+    if (from_file) {
+      h = ::dlopen(img.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    } else {
+      fd = ::memfd_create("raw-image", MFD_CLOEXEC);
+      if (::write(fd, img.bytes.data(), img.bytes.size()) != static_cast<ssize_t>(img.bytes.size()))
+        throw std::runtime_error("write to the memory file failed");
+      h = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) throw std::runtime_error(::dlerror());
+    return [h, fd] {
+      ::dlclose(h);
+      if (fd >= 0) ::close(fd);
+    };
+  };
+}
+
+#if defined(CORA_HAS_CUDA)
+raw_load raw_loader_gpu(const cb::raw_cuda& r, const image& img, bool from_file) {
+  return [&r, &img, from_file]() -> std::function<void()> {
+    CUmodule m = nullptr;
+    if (from_file) {
+      std::error_code ec;
+      std::string message;
+      const auto bytes = cora::detail::read_whole_file_sync(img.path, ec, message);
+      if (ec) throw std::runtime_error(message);
+      cb::check(r.api().cuModuleLoadDataEx(&m, bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
+    } else {
+      cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
+    }
+    return [&r, m] { r.api().cuModuleUnload(m); };
+  };
+}
+#endif
+
+/// paired: the raw load and cora's load_binary alternately in one loop (raw first in even
+/// rounds, cora first in odd ones), each unloaded before the next load, so that both sides meet
+/// the same machine: the driver's and the kernel's load times drift by tens of microseconds
+/// between passes (on the H100, 40-60 us between two passes of the separate rows). Counters:
+/// raw_p50_us, cora_p50_us (and p99s), and ratio = cora / raw of the p50s. The goals read it.
+void paired_load(benchmark::State& state, std::size_t index, std::size_t ordinal, bool from_file) {
+  auto& dev = cb::shared_runtime(cora::completion_policy::hybrid).device(index);
+  const bool gpu = dev.properties().backend != cora::backend_kind::cpu;
+  image img(gpu ? cora::detail::binary_kind::cuda_fatbin : cora::detail::binary_kind::cpu_elf);
+  raw_load raw;
+#if defined(CORA_HAS_CUDA)
+  std::unique_ptr<cb::raw_cuda> r;
+  if (gpu) {
+    r = std::make_unique<cb::raw_cuda>(ordinal);
+    raw = raw_loader_gpu(*r, img, from_file);
+  }
+#endif
+  if (!gpu) raw = raw_loader_cpu(img, from_file);
+  if (!raw) throw std::runtime_error("no raw load for this device");
+  const auto bytes = read_all(corabin());
+  cb::latencies raw_lat, cora_lat;
+  auto raw_once = [&] {
+#if defined(CORA_HAS_CUDA)
+    if (r) r->bind();
+#endif
+    const auto t0 = clk::now();
+    auto unload = raw();
+    raw_lat.add(clk::now() - t0);
+    unload();
+  };
+  auto cora_once = [&] {
+    const auto t0 = clk::now();
+    cora::binary b = from_file ? dev.load_binary(corabin()).wait() : dev.load_binary(std::span<const std::byte>(bytes)).wait();
+    cora_lat.add(clk::now() - t0);
+    b = {};
+    drain_unloads(dev);
+  };
+  for (auto _ : state) {
+    for (int i = 0; i < loads(); ++i) {
+      if (i % 2 == 0) {
+        raw_once();
+        cora_once();
+      } else {
+        cora_once();
+        raw_once();
+      }
+    }
+  }
+  const double rp = raw_lat.at(0.5), cp = cora_lat.at(0.5);
+  raw_lat.report(state, "raw_");
+  cora_lat.report(state, "cora_");
+  state.counters["ratio"] = rp > 0 ? cp / rp : 0;
+  state.SetLabel(std::string(from_file ? "load_binary(path)" : "load_binary(bytes)") + " against " +
+                 (gpu ? (from_file ? "reading the fatbin + cuModuleLoadDataEx" : "cuModuleLoadDataEx")
+                      : (from_file ? "dlopen of the file" : "memfd + dlopen")) +
+                 ", alternately");
+}
+
 void cora_first_launch(benchmark::State& state, std::size_t index) {
   auto& dev = cb::shared_runtime(cora::completion_policy::hybrid).device(index);
   const auto bytes = read_all(corabin());
@@ -381,9 +495,10 @@ const bool registered = cb::at_start([] {
       const std::string base = "load/" + d.tag + "/" + (file ? "file" : "memory") + "/";
 #if defined(CORA_HAS_CUDA)
       if (d.backend == cora::backend_kind::cuda) {
-        cb::register_once(base + "raw", raw_gpu, d.ordinal, file, false, false);
-        cb::register_once(base + "raw_unload_away", raw_gpu, d.ordinal, file, false, true);
-        cb::register_once(base + "raw_eager", raw_gpu, d.ordinal, file, true, false);
+        cb::register_once(base + "raw", raw_gpu, d.ordinal, file, false, false, false);
+        cb::register_once(base + "raw_unload_away", raw_gpu, d.ordinal, file, false, true, false);
+        cb::register_once(base + "raw_eager", raw_gpu, d.ordinal, file, true, false, false);
+        if (!file) cb::register_once(base + "raw_jit_log", raw_gpu, d.ordinal, file, false, false, true);
       }
 #endif
       if (d.backend == cora::backend_kind::cpu) {
@@ -391,6 +506,7 @@ const bool registered = cb::at_start([] {
         cb::register_once(base + "raw_unload_away", raw_cpu, file, true);
       }
       cb::register_once(base + "cora", cora_load, d.index, file);
+      cb::register_once(base + "paired", paired_load, d.index, d.ordinal, file);
       if (!file) cb::register_once(base + "cora_inline", cora_load_inline, d.index);
     }
     const std::string first = "load/" + d.tag + "/first_launch/";

@@ -72,12 +72,7 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
     data = aligned.data();
   }
 
-  // Not cleared: the driver writes a terminated log, and only its first byte is read unwritten.
-  std::unique_ptr<char[]> log(new char[jit_log_bytes]);
-  log[0] = '\0';
-  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-  void* values[] = {log.get(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(jit_log_bytes))};
-
+  std::unique_ptr<char[]> log;
   std::unique_ptr<cuda_module> m(new cuda_module(ctx));
   auto fail = [&](CUresult r, const std::string& step) {
     if (ctx->note(r)) {
@@ -101,8 +96,10 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
                  arch_name(static_cast<unsigned>(cc_major * 10 + cc_minor)) +
                  " code nor PTX the driver can compile)";
     }
-    log[jit_log_bytes - 1] = '\0';
-    if (log[0] != '\0') message += "\nJIT log:\n" + std::string(log.get());
+    if (log) {
+      log[jit_log_bytes - 1] = '\0';
+      if (log[0] != '\0') message += "\nJIT log:\n" + std::string(log.get());
+    }
     m.reset();
   };
 
@@ -111,7 +108,26 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
     fail(cur.result, "cannot make its context current: ");
     return nullptr;
   }
-  CUresult r = api.cuModuleLoadDataEx(&m->module_, data, 2, options, values);
+  // Loaded without options, as the driver loads fastest; a refused image is loaded again with
+  // an error log, for the driver's own account of what it refused.
+  CUresult r = api.cuModuleLoadDataEx(&m->module_, data, 0, nullptr, nullptr);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && !ctx->note(r)) {
+    m->module_ = nullptr;
+    try {
+      // Not cleared: the driver writes a terminated log, and only its first byte is read unwritten.
+      log.reset(new char[jit_log_bytes]);
+      log[0] = '\0';
+      CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+      void* values[] = {log.get(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(jit_log_bytes))};
+      const CUresult again = api.cuModuleLoadDataEx(&m->module_, data, 2, options, values);
+      if (again == CUDA_SUCCESS) {
+        api.cuModuleUnload(m->module_);  // refused once: the first result stands
+        m->module_ = nullptr;
+      }
+    } catch (const std::bad_alloc&) {
+      log.reset();  // no room for a log: the result alone
+    }
+  }
   if (r != CUDA_SUCCESS) {
     m->module_ = nullptr;
     fail(r, "");

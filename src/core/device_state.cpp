@@ -31,12 +31,26 @@ void alloc_table::span_of(const alloc_record& r, unsigned& first, unsigned& n) n
   n = granules < shard_count ? static_cast<unsigned>(granules) : shard_count;
 }
 
+unsigned alloc_table::my_slot() noexcept {
+  static std::atomic<unsigned> next{0};
+  thread_local const unsigned slot = next.fetch_add(1, std::memory_order_relaxed) % reader_slots;
+  return slot;
+}
+
+alloc_table::write_lock::write_lock(const shard& s) noexcept : s_(s) {
+  for (const auto& slot : s_.slots) slot.mutex.lock();  // in order: writers never deadlock
+}
+
+alloc_table::write_lock::~write_lock() {
+  for (auto it = s_.slots.rbegin(); it != s_.slots.rend(); ++it) it->mutex.unlock();
+}
+
 void alloc_table::insert(alloc_record* r) {
   unsigned first = 0, n = 0;
   span_of(*r, first, n);
   for (unsigned i = 0; i < n; ++i) {
     auto& sh = shards_[(first + i) % shard_count];
-    std::unique_lock lock(sh.mutex);
+    write_lock lock(sh);
     sh.records[r->base] = r;
   }
 }
@@ -44,9 +58,9 @@ void alloc_table::insert(alloc_record* r) {
 alloc_record* alloc_table::drop(const void* p) {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   auto& sh = shards_[shard_of(a)];
-  // A shared lock is enough: the record cannot be erased while it is held, and of two drops
+  // A reader's lock is enough: the record cannot be erased while it is held, and of two drops
   // of the same pointer the flag lets one win.
-  std::shared_lock lock(sh.mutex);
+  std::shared_lock lock(sh.slots[my_slot()].mutex);
   auto it = sh.records.find(a);
   if (it == sh.records.end()) return nullptr;
   bool expected = false;
@@ -60,7 +74,7 @@ void alloc_table::erase(alloc_record* r) noexcept {
   span_of(*r, first, n);
   for (unsigned i = 0; i < n; ++i) {
     auto& sh = shards_[(first + i) % shard_count];
-    std::unique_lock lock(sh.mutex);
+    write_lock lock(sh);
     auto it = sh.records.find(r->base);
     if (it != sh.records.end() && it->second == r) sh.records.erase(it);
   }
@@ -69,7 +83,7 @@ void alloc_table::erase(alloc_record* r) noexcept {
 bool alloc_table::find(const void* p, memory_region& out, memory_region::kind k, alloc_ref* ref) const {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   const auto& sh = shards_[shard_of(a)];
-  std::shared_lock lock(sh.mutex);
+  std::shared_lock lock(sh.slots[my_slot()].mutex);
   auto it = sh.records.upper_bound(a);
   if (it == sh.records.begin()) return false;
   --it;

@@ -119,11 +119,30 @@ class alloc_table {
   // one that can contain it, since allocations never overlap.
   static constexpr unsigned shard_count = 32;
   static constexpr unsigned granule_shift = 16;
-  // Cache-line aligned: each lookup writes its shard's lock word, which must not share a line
-  // with a neighbouring shard's.
-  struct alignas(64) shard {
+  // Within a shard, a lookup takes one of reader_slots locks, picked by its thread, and a
+  // change takes them all: threads that look up the same allocations (every op of a pipeline
+  // names its buffers) each write a lock word of their own, not one that all of them share.
+  // Cache-line aligned, so that no two slots share a line.
+  static constexpr unsigned reader_slots = 16;
+  struct alignas(64) reader_slot {
     mutable std::shared_mutex mutex;
+  };
+  struct shard {
+    std::array<reader_slot, reader_slots> slots;
     std::map<std::uintptr_t, alloc_record*> records;
+  };
+  /// The slot the calling thread reads under.
+  static unsigned my_slot() noexcept;
+  /// Holds every slot of a shard: the records may change.
+  class write_lock {
+   public:
+    explicit write_lock(const shard& s) noexcept;
+    ~write_lock();
+    write_lock(const write_lock&) = delete;
+    write_lock& operator=(const write_lock&) = delete;
+
+   private:
+    const shard& s_;
   };
   static unsigned shard_of(std::uintptr_t a) noexcept {
     return static_cast<unsigned>((a >> granule_shift) % shard_count);

@@ -29,13 +29,14 @@
 // raw_unload_away: the raw load with each unload made on another thread (one kept for the whole
 // run). The driver loads more slowly after an unload on another thread (about 30 us more a
 // load on the H100, 20-50 us on the CPU device): what cora's loads cost when the previous
-// unload had to go to a cora thread. Information only; the goals read `raw`.
+// unload had to go to a cora thread. Information only; the goals read `paired`.
 //
-// paired: raw and cora alternately in one loop (see paired_load); the goals read its ratio, as
+// paired: raw and cora alternately in one loop (see paired_load); the goals read its p50s, as
 // the separate rows' times drift between passes by more than the goal's margin.
 //
-// raw_jit_log (memory only, information): the raw load with the options cora's load passes (a
-// JIT error log buffer and its size).
+// raw_jit_log (memory only, information): the raw load with a JIT error log buffer and its size,
+// the options cora's load passed on every load before it passed none (it still passes them to
+// load a refused image again, for the driver's message).
 //
 // cora_inline (memory only, information): load_binary's own work (recognising the bytes, the
 // checksums, the device load) called directly on the calling thread. load_binary itself loads

@@ -109,7 +109,8 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
     return nullptr;
   }
   // Loaded without options, as the driver loads fastest; a refused image is loaded again with
-  // an error log, for the driver's own account of what it refused.
+  // an error log, for the driver's own account of what it refused (whatever that load's
+  // result, it stands).
   CUresult r = api.cuModuleLoadDataEx(&m->module_, data, 0, nullptr, nullptr);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && !ctx->note(r)) {
     m->module_ = nullptr;
@@ -119,13 +120,9 @@ std::unique_ptr<cuda_module> cuda_module::load(std::shared_ptr<context> ctx,
       log[0] = '\0';
       CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
       void* values[] = {log.get(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(jit_log_bytes))};
-      const CUresult again = api.cuModuleLoadDataEx(&m->module_, data, 2, options, values);
-      if (again == CUDA_SUCCESS) {
-        api.cuModuleUnload(m->module_);  // refused once: the first result stands
-        m->module_ = nullptr;
-      }
+      r = api.cuModuleLoadDataEx(&m->module_, data, 2, options, values);
     } catch (const std::bad_alloc&) {
-      log.reset();  // no room for a log: the result alone
+      log.reset();  // no room for a log: the first result alone
     }
   }
   if (r != CUDA_SUCCESS) {

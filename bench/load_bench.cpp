@@ -175,32 +175,42 @@ void run_on_other_thread(const std::function<void()>& job) {
   t->cv.wait(lock, [&] { return t->job == nullptr; });
 }
 
+/// The raw CPU-device load: dlopen of the image file, or of a memory file holding the image.
+struct raw_cpu_image {
+  void* handle = nullptr;
+  int fd = -1;
+  void unload() const {
+    ::dlclose(handle);
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+raw_cpu_image raw_cpu_load(const image& img, bool from_file) {
+  raw_cpu_image out;
+  if (from_file) {
+    out.handle = ::dlopen(img.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  } else {
+    out.fd = ::memfd_create("raw-image", MFD_CLOEXEC);
+    if (::write(out.fd, img.bytes.data(), img.bytes.size()) != static_cast<ssize_t>(img.bytes.size()))
+      throw std::runtime_error("write to the memory file failed");
+    out.handle = ::dlopen(("/proc/self/fd/" + std::to_string(out.fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
+  }
+  if (!out.handle) throw std::runtime_error(::dlerror());
+  return out;
+}
+
 void raw_cpu(benchmark::State& state, bool from_file, bool unload_away) {
   image img(cora::detail::binary_kind::cpu_elf);
   cb::latencies lat;
   for (auto _ : state) {
     for (int i = 0; i < loads(); ++i) {
       const auto t0 = clk::now();
-      void* h = nullptr;
-      int fd = -1;
-      if (from_file) {
-        h = ::dlopen(img.path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      } else {
-        fd = ::memfd_create("raw-image", MFD_CLOEXEC);
-        if (::write(fd, img.bytes.data(), img.bytes.size()) != static_cast<ssize_t>(img.bytes.size()))
-          throw std::runtime_error("write to the memory file failed");
-        h = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
-      }
-      if (!h) throw std::runtime_error(::dlerror());
+      const raw_cpu_image loaded = raw_cpu_load(img, from_file);
       lat.add(clk::now() - t0);
-      auto unload = [&] {
-        ::dlclose(h);
-        if (fd >= 0) ::close(fd);
-      };
       if (unload_away)
-        run_on_other_thread(unload);
+        run_on_other_thread([&] { loaded.unload(); });
       else
-        unload();
+        loaded.unload();
     }
   }
   lat.report(state);
@@ -213,11 +223,8 @@ void raw_cpu_first_launch(benchmark::State& state) {
   cb::latencies lat;
   for (auto _ : state) {
     for (int i = 0; i < loads(); ++i) {
-      const int fd = ::memfd_create("raw-image", MFD_CLOEXEC);
-      if (::write(fd, img.bytes.data(), img.bytes.size()) != static_cast<ssize_t>(img.bytes.size()))
-        throw std::runtime_error("write to the memory file failed");
-      void* h = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (!h) throw std::runtime_error(::dlerror());
+      const raw_cpu_image loaded = raw_cpu_load(img, false);
+      void* h = loaded.handle;
       const auto t0 = clk::now();
       auto entry = reinterpret_cast<cora_cpu_entry_fn>(::dlsym(h, CORA_KERNEL_ENTRY_PREFIX "empty"));
       if (!entry) throw std::runtime_error("no entry of kernel empty");
@@ -229,8 +236,7 @@ void raw_cpu_first_launch(benchmark::State& state) {
       char message[64];
       if (entry(&launch, 0, 1, nullptr, message, sizeof(message)) != CORA_CPU_OK) throw std::runtime_error(message);
       lat.add(clk::now() - t0);
-      ::dlclose(h);
-      ::close(fd);
+      loaded.unload();
     }
   }
   lat.report(state);
@@ -285,32 +291,38 @@ void load_functions(const cb::raw_cuda& r, CUmodule m) {
   }
 }
 
+/// The raw GPU load: cuModuleLoadDataEx of the fatbin, read from its file first (as cora reads:
+/// open, fstat, one read) or from memory; jit_log: with an error log buffer and its size.
+CUmodule raw_gpu_load(const cb::raw_cuda& r, const image& img, bool from_file, bool jit_log = false) {
+  CUmodule m = nullptr;
+  if (from_file) {
+    std::error_code ec;
+    std::string message;
+    const auto bytes = cora::detail::read_whole_file_sync(img.path, ec, message);
+    if (ec) throw std::runtime_error(message);
+    cb::check(r.api().cuModuleLoadDataEx(&m, bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
+    return m;
+  }
+  if (!jit_log) {
+    cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
+    return m;
+  }
+  thread_local std::vector<char> log(16 * 1024);
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {log.data(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(log.size()))};
+  cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), 2, options, values), "cuModuleLoadDataEx");
+  return m;
+}
+
 void raw_gpu(benchmark::State& state, std::size_t ordinal, bool from_file, bool eager, bool unload_away,
-             bool jit_log = false) {
+             bool jit_log) {
   image img(cora::detail::binary_kind::cuda_fatbin);
   cb::raw_cuda r(ordinal);
   cb::latencies lat;
-  // jit_log: the two options cora passes (an error log buffer and its size).
-  std::vector<char> log(16 * 1024);
-  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-  void* values[] = {log.data(), reinterpret_cast<void*>(static_cast<std::uintptr_t>(log.size()))};
-  const unsigned n_options = jit_log ? 2 : 0;
   for (auto _ : state) {
     for (int i = 0; i < loads(); ++i) {
       const auto t0 = clk::now();
-      CUmodule m = nullptr;
-      if (from_file) {
-        // Read as cora reads (open, fstat, one read), not through a character iterator.
-        std::error_code ec;
-        std::string message;
-        const auto bytes = cora::detail::read_whole_file_sync(img.path, ec, message);
-        if (ec) throw std::runtime_error(message);
-        cb::check(r.api().cuModuleLoadDataEx(&m, bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
-      } else {
-        cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), n_options, jit_log ? options : nullptr,
-                                             jit_log ? values : nullptr),
-                  "cuModuleLoadDataEx");
-      }
+      CUmodule m = raw_gpu_load(r, img, from_file, jit_log);
       if (eager) load_functions(r, m);
       lat.add(clk::now() - t0);
       if (unload_away)
@@ -371,48 +383,6 @@ void cora_load_inline(benchmark::State& state, std::size_t index) {
   state.SetLabel("load_binary's work on the calling thread, no hop (information)");
 }
 
-/// A raw load of the device's own image: loads it and returns what unloads it.
-using raw_load = std::function<std::function<void()>()>;
-
-/// The raw loads that the goals compare with (the `raw` rows' work).
-raw_load raw_loader_cpu(const image& img, bool from_file) {
-  return [&img, from_file]() -> std::function<void()> {
-    void* h = nullptr;
-    int fd = -1;
-    if (from_file) {
-      h = ::dlopen(img.path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    } else {
-      fd = ::memfd_create("raw-image", MFD_CLOEXEC);
-      if (::write(fd, img.bytes.data(), img.bytes.size()) != static_cast<ssize_t>(img.bytes.size()))
-        throw std::runtime_error("write to the memory file failed");
-      h = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!h) throw std::runtime_error(::dlerror());
-    return [h, fd] {
-      ::dlclose(h);
-      if (fd >= 0) ::close(fd);
-    };
-  };
-}
-
-#if defined(CORA_HAS_CUDA)
-raw_load raw_loader_gpu(const cb::raw_cuda& r, const image& img, bool from_file) {
-  return [&r, &img, from_file]() -> std::function<void()> {
-    CUmodule m = nullptr;
-    if (from_file) {
-      std::error_code ec;
-      std::string message;
-      const auto bytes = cora::detail::read_whole_file_sync(img.path, ec, message);
-      if (ec) throw std::runtime_error(message);
-      cb::check(r.api().cuModuleLoadDataEx(&m, bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
-    } else {
-      cb::check(r.api().cuModuleLoadDataEx(&m, img.bytes.data(), 0, nullptr, nullptr), "cuModuleLoadDataEx");
-    }
-    return [&r, m] { r.api().cuModuleUnload(m); };
-  };
-}
-#endif
-
 /// paired: the raw load and cora's load_binary alternately in one loop (raw first in even
 /// rounds, cora first in odd ones), each unloaded before the next load, so that both sides meet
 /// the same machine: the driver's and the kernel's load times drift by tens of microseconds
@@ -422,26 +392,29 @@ void paired_load(benchmark::State& state, std::size_t index, std::size_t ordinal
   auto& dev = cb::shared_runtime(cora::completion_policy::hybrid).device(index);
   const bool gpu = dev.properties().backend != cora::backend_kind::cpu;
   image img(gpu ? cora::detail::binary_kind::cuda_fatbin : cora::detail::binary_kind::cpu_elf);
-  raw_load raw;
 #if defined(CORA_HAS_CUDA)
   std::unique_ptr<cb::raw_cuda> r;
-  if (gpu) {
-    r = std::make_unique<cb::raw_cuda>(ordinal);
-    raw = raw_loader_gpu(*r, img, from_file);
-  }
+  if (gpu) r = std::make_unique<cb::raw_cuda>(ordinal);
+#else
+  (void)ordinal;  // no GPU device without CUDA
 #endif
-  if (!gpu) raw = raw_loader_cpu(img, from_file);
-  if (!raw) throw std::runtime_error("no raw load for this device");
   const auto bytes = read_all(corabin());
   cb::latencies raw_lat, cora_lat;
   auto raw_once = [&] {
 #if defined(CORA_HAS_CUDA)
-    if (r) r->bind();
+    if (r) {
+      r->bind();
+      const auto t0 = clk::now();
+      CUmodule m = raw_gpu_load(*r, img, from_file);
+      raw_lat.add(clk::now() - t0);
+      r->api().cuModuleUnload(m);
+      return;
+    }
 #endif
     const auto t0 = clk::now();
-    auto unload = raw();
+    const raw_cpu_image loaded = raw_cpu_load(img, from_file);
     raw_lat.add(clk::now() - t0);
-    unload();
+    loaded.unload();
   };
   auto cora_once = [&] {
     const auto t0 = clk::now();

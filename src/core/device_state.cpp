@@ -471,7 +471,9 @@ memory_region device_state::classify(const void* p, std::size_t bytes, std::erro
     set_error(ec, errc::invalid_pointer, "null pointer");
     return r;
   }
-  bool found = find_allocation(p, r, keep);
+  // This device, then pinned host memory (every copy names some), then the other devices: the
+  // last takes the runtime's device list lock, which every thread's ops would share.
+  bool found = find_allocation(p, r, keep) || runtime->find_pinned(p, r, keep);
   if (!found) {
     std::lock_guard lock(runtime->devices_mutex);
     for (device_state* d : runtime->devices)
@@ -480,7 +482,6 @@ memory_region device_state::classify(const void* p, std::size_t bytes, std::erro
         break;
       }
   }
-  if (!found) found = runtime->find_pinned(p, r, keep);
   if (found && !r.record) {
     set_error(ec, errc::invalid_pointer,
               "pointer lies in an allocation that was freed (in-flight work may still use it)");

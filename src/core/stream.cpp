@@ -248,7 +248,8 @@ namespace detail {
 // any) and the launch, as one position in the stream.
 pending<void> launch_block(stream_state* s, const kernel& k, const launch_config& cfg,
                            std::span<const std::byte> block, std::span<const placeholder_info> phs,
-                           const void* device_block, alloc_ref device_block_ref = {}) {
+                           const void* device_block, alloc_ref device_block_ref = {},
+                           op_keep* found = nullptr) {
   auto& dev = *s->device;
   const auto& ks = k.state();
   std::error_code ec;
@@ -274,23 +275,26 @@ pending<void> launch_block(stream_state* s, const kernel& k, const launch_config
 
   // What the launch holds until it completes: its module and kernel, and every allocation a
   // pointer-sized parameter points into (a value that merely looks like such an address only
-  // keeps that memory a little longer). No heap allocation for the usual launch.
+  // keeps that memory a little longer). A typed launch has `found` them already, knowing which
+  // arguments are pointers. No heap allocation for the usual launch.
   op_keep keep;
+  if (found) keep = std::move(*found);
   keep.module = std::move(module);
   keep.kernel = ks;
   keep.add(std::move(device_block_ref));
-  for (const auto& p : ks->params) {
-    if (p.size != sizeof(void*) || p.offset + sizeof(void*) > params.size()) continue;
-    const void* ptr;
-    std::memcpy(&ptr, params.data() + p.offset, sizeof(ptr));
-    // Two arguments in one allocation (x and y of one buffer) need one reference: each one
-    // taken is an atomic on a line every thread using the buffer shares.
-    if (!ptr || keep.covers(ptr)) continue;
-    memory_region r;
-    alloc_ref ref;
-    if (dev.find_allocation(ptr, r, &ref) || dev.runtime->find_pinned(ptr, r, &ref))
-      keep.add(std::move(ref));
-  }
+  if (!found)
+    for (const auto& p : ks->params) {
+      if (p.size != sizeof(void*) || p.offset + sizeof(void*) > params.size()) continue;
+      const void* ptr;
+      std::memcpy(&ptr, params.data() + p.offset, sizeof(ptr));
+      // Two arguments in one allocation (x and y of one buffer) need one reference: each one
+      // taken is an atomic on a line every thread using the buffer shares.
+      if (!ptr || keep.covers(ptr)) continue;
+      memory_region r;
+      alloc_ref ref;
+      if (dev.find_allocation(ptr, r, &ref) || dev.runtime->find_pinned(ptr, r, &ref))
+        keep.add(std::move(ref));
+    }
   backend::launch_desc desc;
   desc.function = ks->function;
   desc.kernel = ks->desc;
@@ -347,6 +351,9 @@ pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
   }
   std::memset(block, 0, k.args_size());
   auto& dev = *st()->device;
+  // The allocations the pointer arguments name, each looked up once: the check below takes
+  // the reference the launch holds.
+  detail::op_keep found;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const auto& a = args[i];
     if (a.size != params[i].size)
@@ -358,12 +365,20 @@ pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
     if (a.k == detail::arg_view::kind::buffer && a.owner != &dev)
       return fail(errc::wrong_device,
                   "argument " + std::to_string(i) + " is memory of another device", st());
-    if (a.k == detail::arg_view::kind::pointer) {
+    if (a.k == detail::arg_view::kind::buffer) {
       const void* p;
       std::memcpy(&p, a.data, sizeof(p));
-      if (p) {
+      detail::memory_region r;
+      detail::alloc_ref ref;
+      if (p && !found.covers(p) && dev.find_allocation(p, r, &ref)) found.add(std::move(ref));
+    } else if (a.k == detail::arg_view::kind::pointer) {
+      const void* p;
+      std::memcpy(&p, a.data, sizeof(p));
+      // Inside an allocation already checked and held (x and y of one buffer): nothing to do.
+      if (p && !found.covers(p)) {
         std::error_code ec;
-        const auto r = dev.classify(p, 1, ec);
+        detail::alloc_ref ref;
+        const auto r = dev.classify(p, 1, ec, &ref);
         if (ec || r.k == detail::memory_region::kind::pageable_host)
           return fail(errc::invalid_pointer,
                       "argument " + std::to_string(i) + " of kernel '" + name +
@@ -374,11 +389,12 @@ pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
           return fail(errc::wrong_device,
                       "argument " + std::to_string(i) + " points to memory of another device",
                       st());
+        found.add(std::move(ref));
       }
     }
     std::memcpy(block + params[i].offset, a.data, a.size);
   }
-  return detail::launch_block(st(), k, cfg, {block, k.args_size()}, {}, nullptr);
+  return detail::launch_block(st(), k, cfg, {block, k.args_size()}, {}, nullptr, {}, &found);
 }
 
 pending<void> stream::launch(const kernel& k, const launch_config& cfg, const kernel_args& args) {

@@ -151,10 +151,11 @@ void cuda_stream::launch(std::uint64_t, const launch_desc& l, std::error_code& e
   auto* fn = static_cast<cuda_function*>(l.function);
   const kernel_desc& k = *l.kernel;
   const launch_config& cfg = l.config;
-  const std::string what = "kernel '" + k.name + "'";
+  // Built only on the failure paths: a launch that succeeds makes no string.
+  auto what = [&] { return "kernel '" + k.name + "'"; };
   auto reject = [&](errc e, std::string why) {
     ec = make_error_code(e);
-    message = what + ": " + std::move(why);
+    message = what() + ": " + std::move(why);
   };
   if (l.device_args)
     return reject(errc::not_supported,
@@ -236,7 +237,7 @@ void cuda_stream::launch(std::uint64_t, const launch_desc& l, std::error_code& e
   current_context cur(*ctx_);
   if (!cur) {
     ec = ctx_->note(cur.result) ? make_error_code(errc::device_lost) : to_error_code(cur.result);
-    message = what + ": cannot make the context current: " + describe(cur.result);
+    message = what() + ": cannot make the context current: " + describe(cur.result);
     return;
   }
   // Beyond what the kernel allows so far (48 KiB by default), it must opt in first.
@@ -280,7 +281,7 @@ void cuda_stream::launch(std::uint64_t, const launch_desc& l, std::error_code& e
     ec = make_error_code(errc::invalid_launch_config);  // what the driver says of bad shapes
   else
     ec = to_error_code(r);
-  message = "cannot launch " + what + " (grid " + dims(cfg.grid) + ", block " + dims(cfg.block) +
+  message = "cannot launch " + what() + " (grid " + dims(cfg.grid) + ", block " + dims(cfg.block) +
             ", " + std::to_string(cfg.shared_bytes) + " bytes of dynamic shared memory): " + describe(r);
 }
 

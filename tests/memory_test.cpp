@@ -314,6 +314,32 @@ TEST_P(memory_test, DroppedBufferIsNotReusedWhileAKernelStillWritesIt) {
   EXPECT_EQ(dev().memory_in_use(), in_use - n * 4 + fresh.size() * n * 4);
 }
 
+// A typed launch on its own holds the memory its pointer arguments name, passed as a buffer
+// or as a raw pointer (the two ways a typed launch finds the allocation): dropped while the
+// kernel waits, it stays counted until the stream has seen the kernel end.
+TEST_P(memory_test, ATypedLaunchAloneHoldsTheMemoryOfItsArguments) {
+  constexpr std::size_t n = 4096;
+  for (const bool raw : {false, true}) {
+    SCOPED_TRACE(raw ? "raw pointer" : "buffer");
+    auto s = dev().make_stream();
+    auto go = dev().alloc_host<std::uint32_t>(1);
+    go[0] = 0;
+    auto b = dev().alloc<std::uint32_t>(n);
+    const auto in_use = dev().memory_in_use();
+    const auto k = kernels().kernel("spin_then_fill");
+    auto launched = raw ? s.launch(k, {.block = 1}, go.data(), b.data(), std::uint64_t{n}, 7u,
+                                   std::uint64_t{20'000'000})
+                        : s.launch(k, {.block = 1}, go.data(), b, std::uint64_t{n}, 7u,
+                                   std::uint64_t{20'000'000});
+    b.reset();
+    EXPECT_EQ(dev().memory_in_use(), in_use);  // the kernel is still waiting for `go`
+    __atomic_store_n(&go[0], 1u, __ATOMIC_RELEASE);
+    launched.wait();
+    s.synchronize().wait();
+    EXPECT_EQ(dev().memory_in_use(), in_use - n * 4);
+  }
+}
+
 // The same through a coroutine whose wait loses a race against a timer: it returns, dropping
 // its buffer, while the kernel runs on (rule 6).
 TEST_P(memory_test, CancelledWaitDropsItsBufferSafely) {

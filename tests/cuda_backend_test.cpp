@@ -535,6 +535,58 @@ TEST_F(cuda_backend_test, AutoMarkersAreCountersForOneThreadAndEventsForSeveral)
   first.synchronize().wait();
 }
 
+// Event markers under the hybrid policy: a poll group's pass does not ask the driver about the
+// oldest op before it is due (shortly before its learnt end, at most 1 ms after it began); each
+// query is a driver call that the driver serializes with every thread's submissions. Asked
+// directly, the stream still answers at once.
+TEST_F(cuda_backend_test, HybridPollsAskAboutAnEventMarkerOnlyOnceItsOpIsDue) {
+  ::setenv("CORA_CUDA_MARKER", "event", 1);
+  runtime_options o;
+  o.use_environment = false;
+  o.backend = backend_selection::cuda;
+  o.completion = completion_policy::hybrid;
+  runtime rt(o);
+  ::unsetenv("CORA_CUDA_MARKER");
+  auto& dev = rt.device(0);
+  auto s = dev.make_stream();
+  detail::stream_state* st = s.state();
+  using clk = std::chrono::steady_clock;
+  std::vector<detail::wait_node*> nodes;
+  // Host functions of 20 ms: the stream learns how long its ops take.
+  auto op = [&] { return s.host_func([] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }); };
+  with_watchdog(std::chrono::seconds(60), [&] {
+    for (int i = 0; i < 3; ++i) {
+      auto p = op();
+      const std::uint64_t at = st->last_position();
+      st->mark(at);
+      while (st->completed_position() < at) {
+        st->poll(nodes, clk::now());
+        std::this_thread::yield();
+      }
+    }
+    auto p = op();
+    const std::uint64_t at = st->last_position();
+    st->mark(at);
+    const auto due = st->query_due();
+    ASSERT_GT(due, clk::now()) << "the op is due as soon as it began";
+    const std::uint64_t before = st->locked_polls();
+    int early = 0;
+    for (; early < 1000 && clk::now() + std::chrono::microseconds(200) < due; ++early)
+      EXPECT_FALSE(st->poll(nodes, clk::now()));
+    EXPECT_GT(early, 0);
+    EXPECT_EQ(st->locked_polls() - before, 0u) << "of " << early << " polls before the op was due";
+    EXPECT_FALSE(st->poll(nodes));  // asked directly: the op is still running
+    EXPECT_EQ(st->locked_polls() - before, 1u);
+    while (st->completed_position() < at) {
+      st->poll(nodes, clk::now());
+      std::this_thread::yield();
+    }
+    EXPECT_GE(clk::now(), due);
+    EXPECT_TRUE(nodes.empty());
+    p.wait();
+  });
+}
+
 // --- a faulting kernel (in a child process: the fault ruins the process's CUDA context) ------
 
 [[noreturn]] void fault_scenario(const char* marker_mode) {

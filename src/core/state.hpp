@@ -541,19 +541,30 @@ class stream_state final : public completion_source {
   bool advance();
   /// Polls the oldest marker; appends the nodes that completed to `fired` (state set, unlinked,
   /// uncounted from their groups). Returns true on progress. Takes no lock when the doorbell
-  /// says nothing moved (see quiet()); `now` is the poller's clock for this pass.
-  bool poll(std::vector<wait_node*>& fired, clock::time_point now);
-  bool poll(std::vector<wait_node*>& fired) { return poll(fired, clock::now()); }
+  /// says nothing moved (see quiet()). A poll group's pass, with its clock `now`, also holds
+  /// back while the oldest marker is not due (see due()); the other form asks at once.
+  bool poll(std::vector<wait_node*>& fired, clock::time_point now) {
+    return due(now) && poll_now(fired, now);
+  }
+  bool poll(std::vector<wait_node*>& fired) { return poll_now(fired, clock::now()); }
   /// True when the stream's doorbell shows that its oldest marker is still pending and no
   /// linked waiter is due: a poll would find nothing. Plain loads, no lock; false when unsure
   /// (no doorbell, the oldest marker does not ring it, or the stream must be asked anyway).
   bool quiet(clock::time_point now) noexcept;
+  /// False while a marker the backend must be asked about (no doorbell) is not yet due under
+  /// the hybrid policy, and no linked waiter is due either. Plain loads, no lock.
+  bool due(clock::time_point now) const noexcept;
   /// True while the oldest marker rings the doorbell (for tests of the doorbell).
   bool watching_doorbell() const noexcept { return bell_watch_.load(std::memory_order_acquire) != 0; }
   /// Polls that took the state lock (for tests of the doorbell).
   std::uint64_t locked_polls() const noexcept { return locked_polls_.load(std::memory_order_relaxed); }
   /// When the oldest marker is expected to complete (max() when unknown or none); no lock.
   clock::time_point expected_ready() const noexcept;
+  /// Before this time a poll does not ask the backend about the oldest marker (see due());
+  /// min() when it asks at once.
+  clock::time_point query_due() const noexcept {
+    return clock::time_point(clock::duration(query_due_.load(std::memory_order_relaxed)));
+  }
   /// Blocks in the backend on the oldest marker until `deadline`.
   void block_on_front(clock::time_point deadline);
   /// Records a failure that was never observed, to surface at the next wait.
@@ -596,6 +607,7 @@ class stream_state final : public completion_source {
   /// done with it.
   void claim_locked(wait_node& node, intrusive_ptr<stream_state>& hold) noexcept;
   bool poll_locked(std::vector<wait_node*>& fired, keep_drop& drop, intrusive_ptr<stream_state>& hold);
+  bool poll_now(std::vector<wait_node*>& fired, clock::time_point now);
   /// Advances `completed` past completed markers and releases finished ops' keep-alives.
   bool advance_locked(keep_drop& drop);
   void learn_locked(const marker_rec& front, clock::time_point now) noexcept;
@@ -623,6 +635,7 @@ class stream_state final : public completion_source {
   std::atomic<clock::rep> recheck_at_{0};
   std::atomic<clock::rep> pending_seen_{0};
   std::atomic<clock::rep> expected_at_{clock::time_point::max().time_since_epoch().count()};
+  std::atomic<clock::rep> query_due_{clock::time_point::min().time_since_epoch().count()};
   std::atomic<std::uint64_t> locked_polls_{0};
   fifo_ring<marker_rec> markers_;
   wait_node* head_ = nullptr;

@@ -8,6 +8,8 @@ namespace cora::detail {
 
 namespace {
 constexpr std::size_t keepalive_trim = 256;
+// The longest a hybrid poll holds back its query of an op that has begun (watch_front_locked).
+constexpr auto max_query_hold = std::chrono::milliseconds(1);
 }
 
 
@@ -316,11 +318,31 @@ void stream_state::watch_front_locked() noexcept {
   const bool rings = bell_.word && !markers_.empty() && markers_.front().m.rings;
   bell_watch_.store(rings ? markers_.front().m.seq : 0, std::memory_order_release);
   auto expected = clock::time_point::max();
+  auto due = clock::time_point::min();
   if (!markers_.empty() && ewma_ns_ != 0) {
     const auto start = std::max(markers_.front().enqueued, last_done_);
-    expected = start + std::chrono::nanoseconds(static_cast<std::int64_t>(ewma_ns_));
+    const auto length = std::chrono::nanoseconds(static_cast<std::int64_t>(ewma_ns_));
+    expected = start + length;
+    // Hybrid policy, a marker that must be queried: each query is a driver call, which the
+    // driver serializes with every thread's submissions, so the oldest op is not asked about
+    // until shortly before it is expected to end (an eighth of its length, 2 to 50 us), nor
+    // later than max_query_hold after it began (an estimate learnt from a long op must not
+    // hold up the short ops after it). An op found done at its first query shrinks the
+    // estimate (learn_locked), so the queries move earlier until one finds it pending.
+    if (!rings && policy == completion_policy::hybrid) {
+      const auto lead = std::clamp<clock::duration>(length / 8, std::chrono::microseconds(2),
+                                                     std::chrono::microseconds(50));
+      due = std::min(expected - lead, start + max_query_hold);
+    }
   }
   expected_at_.store(expected.time_since_epoch().count(), std::memory_order_relaxed);
+  query_due_.store(due.time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+bool stream_state::due(clock::time_point now) const noexcept {
+  if (now.time_since_epoch().count() >= query_due_.load(std::memory_order_relaxed)) return true;
+  // A blocking wait or a trim may have moved the completed position past a waiter.
+  return completed_.load(std::memory_order_acquire) >= head_seq_.load(std::memory_order_acquire);
 }
 
 bool stream_state::quiet(clock::time_point now) noexcept {
@@ -423,7 +445,7 @@ bool stream_state::poll_locked(std::vector<wait_node*>& fired, keep_drop& drop,
 }
 
 
-bool stream_state::poll(std::vector<wait_node*>& fired, clock::time_point now) {
+bool stream_state::poll_now(std::vector<wait_node*>& fired, clock::time_point now) {
   if (quiet(now)) return false;
   keep_drop drop;
   intrusive_ptr<stream_state> hold;  // dropped last, after the lock

@@ -560,7 +560,7 @@ TEST_F(cuda_backend_test, HybridPollsAskAboutAnEventMarkerOnlyOnceItsOpIsDue) {
       const std::uint64_t at = st->last_position();
       st->mark(at);
       while (st->completed_position() < at) {
-        st->poll(nodes, clk::now());
+        st->poll_when_due(nodes, clk::now());
         std::this_thread::yield();
       }
     }
@@ -572,13 +572,13 @@ TEST_F(cuda_backend_test, HybridPollsAskAboutAnEventMarkerOnlyOnceItsOpIsDue) {
     const std::uint64_t before = st->locked_polls();
     int early = 0;
     for (; early < 1000 && clk::now() + std::chrono::microseconds(200) < due; ++early)
-      EXPECT_FALSE(st->poll(nodes, clk::now()));
+      EXPECT_FALSE(st->poll_when_due(nodes, clk::now()));
     EXPECT_GT(early, 0);
     EXPECT_EQ(st->locked_polls() - before, 0u) << "of " << early << " polls before the op was due";
     EXPECT_FALSE(st->poll(nodes));  // asked directly: the op is still running
     EXPECT_EQ(st->locked_polls() - before, 1u);
     while (st->completed_position() < at) {
-      st->poll(nodes, clk::now());
+      st->poll_when_due(nodes, clk::now());
       std::this_thread::yield();
     }
     EXPECT_GE(clk::now(), due);

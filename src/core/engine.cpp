@@ -151,7 +151,7 @@ bool poll_group::poll_once(std::vector<wait_node*>& fired, summary& out) {
   bool progress = false;
   const auto now = clock::now();
   for (auto& s : snapshot) {
-    progress |= s->poll(fired, now);  // uncounts what it fires
+    progress |= s->poll_when_due(fired, now);  // uncounts what it fires
     out.next_expected = std::min(out.next_expected, s->expected_ready());
   }
   snapshot.clear();

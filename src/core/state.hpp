@@ -541,12 +541,13 @@ class stream_state final : public completion_source {
   bool advance();
   /// Polls the oldest marker; appends the nodes that completed to `fired` (state set, unlinked,
   /// uncounted from their groups). Returns true on progress. Takes no lock when the doorbell
-  /// says nothing moved (see quiet()). A poll group's pass, with its clock `now`, also holds
-  /// back while the oldest marker is not due (see due()); the other form asks at once.
-  bool poll(std::vector<wait_node*>& fired, clock::time_point now) {
+  /// says nothing moved (see quiet()).
+  bool poll(std::vector<wait_node*>& fired) { return poll_now(fired, clock::now()); }
+  /// The same for a poll group's pass, with its clock `now`: also holds back while the oldest
+  /// marker is not due (see due()).
+  bool poll_when_due(std::vector<wait_node*>& fired, clock::time_point now) {
     return due(now) && poll_now(fired, now);
   }
-  bool poll(std::vector<wait_node*>& fired) { return poll_now(fired, clock::now()); }
   /// True when the stream's doorbell shows that its oldest marker is still pending and no
   /// linked waiter is due: a poll would find nothing. Plain loads, no lock; false when unsure
   /// (no doorbell, the oldest marker does not ring it, or the stream must be asked anyway).

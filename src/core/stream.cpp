@@ -365,20 +365,18 @@ pending<void> stream::launch_typed(const kernel& k, const launch_config& cfg,
     if (a.k == detail::arg_view::kind::buffer && a.owner != &dev)
       return fail(errc::wrong_device,
                   "argument " + std::to_string(i) + " is memory of another device", st());
-    if (a.k == detail::arg_view::kind::buffer) {
-      const void* p;
-      std::memcpy(&p, a.data, sizeof(p));
+    const void* p = nullptr;
+    if (a.k != detail::arg_view::kind::value) std::memcpy(&p, a.data, sizeof(p));
+    // Inside an allocation already checked and held (x and y of one buffer): nothing to do.
+    if (p && !found.covers(p)) {
       detail::memory_region r;
       detail::alloc_ref ref;
-      if (p && !found.covers(p) && dev.find_allocation(p, r, &ref)) found.add(std::move(ref));
-    } else if (a.k == detail::arg_view::kind::pointer) {
-      const void* p;
-      std::memcpy(&p, a.data, sizeof(p));
-      // Inside an allocation already checked and held (x and y of one buffer): nothing to do.
-      if (p && !found.covers(p)) {
+      if (a.k == detail::arg_view::kind::buffer) {
+        // A device buffer of this device: its allocation only needs holding.
+        if (dev.find_allocation(p, r, &ref)) found.add(std::move(ref));
+      } else {
         std::error_code ec;
-        detail::alloc_ref ref;
-        const auto r = dev.classify(p, 1, ec, &ref);
+        r = dev.classify(p, 1, ec, &ref);
         if (ec || r.k == detail::memory_region::kind::pageable_host)
           return fail(errc::invalid_pointer,
                       "argument " + std::to_string(i) + " of kernel '" + name +

@@ -3,7 +3,9 @@
 // asio::awaitable on an io_context run by one thread, against the raw driver in the same run
 // (launch + event record + busy cuEventQuery; launch + cuStreamSynchronize; launch +
 // cuLaunchHostFunc setting a flag the host spins on) and, on any machine, the cost of an Asio
-// post to the same thread and to another thread and back. p50 and p99 per row.
+// post to the same thread and to another thread and back. p50 and p99 per row. On a GPU, the
+// `paired` rows run the raw event round trip and cora's `co_await` alternately in one loop
+// (paired_empty_launch): the goals read those.
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
@@ -114,6 +116,54 @@ void raw_empty_launch(benchmark::State& state, std::size_t ordinal, raw_wait how
                  : how == raw_wait::stream_sync ? "launch + cuStreamSynchronize"
                                                 : "launch + cuLaunchHostFunc + busy flag");
 }
+/// paired: the raw round trip (launch + event record + busy cuEventQuery) and cora's `co_await`
+/// round trip alternately in one loop on one thread (raw first in even rounds, cora first in odd
+/// ones), so that both sides meet the same machine: separate rows, run seconds apart, drift by
+/// more than the goal's 5% (the thread's core, its clock, the driver's state). Counters:
+/// raw_p50_us, cora_p50_us (and p99s), ratio = cora / raw of the p50s. The goals read it.
+void paired_empty_launch(benchmark::State& state, std::size_t index, std::size_t ordinal,
+                         cora::completion_policy policy) {
+  auto& dev = cb::shared_runtime(policy).device(index);
+  auto s = dev.make_stream();
+  auto k = cb::test_kernels(policy, index).kernel("empty");
+  auto& r = cb::raw_test_kernels(ordinal);
+  r.bind();
+  auto& a = r.api();
+  const CUfunction empty = r.function("empty");
+  CUstream rs = r.make_stream();
+  CUevent e = r.make_event();
+  cb::latencies raw_lat, cora_lat;
+  auto raw_once = [&](bool timed) {
+    const auto t0 = clk::now();
+    cb::check(a.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, rs, nullptr, nullptr), "cuLaunchKernel");
+    cb::check(a.cuEventRecord(e, rs), "cuEventRecord");
+    r.spin(e);
+    if (timed) raw_lat.add(clk::now() - t0);
+  };
+  auto body = [](benchmark::State& st, cora::stream& str, cora::kernel& ker, auto& raw, cb::latencies& l) -> cora::task<void> {
+    for (int i = 0; i < 200; ++i) {  // warm-up: learn durations
+      raw(false);
+      co_await str.launch(ker, {});
+    }
+    std::size_t round = 0;
+    for (auto _ : st) {
+      const bool raw_first = round++ % 2 == 0;
+      if (raw_first) raw(true);
+      const auto t0 = clk::now();
+      co_await str.launch(ker, {});
+      l.add(clk::now() - t0);
+      if (!raw_first) raw(true);
+    }
+  };
+  cora::sync_wait(body(state, s, k, raw_once, cora_lat));
+  const double rp = raw_lat.at(0.5), cp = cora_lat.at(0.5);
+  raw_lat.report(state, "raw_");
+  cora_lat.report(state, "cora_");
+  state.counters["ratio"] = rp > 0 ? cp / rp : 0;
+  a.cuEventDestroy(e);
+  a.cuStreamDestroy(rs);
+  state.SetLabel(std::string("co_await, ") + cora::to_string(policy) + " against launch + event + busy cuEventQuery, alternately");
+}
 #endif
 
 // The same thread posts to its own io_context and resumes: the cheapest executor hop.
@@ -170,6 +220,11 @@ const bool registered = cb::at_start([] {
           cb::guarded(st, [&] { raw_empty_launch(st, o, h); });
         })->UseRealTime();
       raw_name = base + "raw_event_spin/real_time";
+      // The goals' rows: raw and cora alternately (paired_empty_launch).
+      for (auto p : {cora::completion_policy::spin, cora::completion_policy::hybrid})
+        benchmark::RegisterBenchmark((base + "paired/" + cora::to_string(p)).c_str(), [i = d.index, o = d.ordinal, p](benchmark::State& st) {
+          cb::guarded(st, [&] { paired_empty_launch(st, i, o, p); });
+        })->UseRealTime();
     }
 #endif
     for (auto p : policies) {

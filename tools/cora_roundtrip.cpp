@@ -8,6 +8,8 @@
 //   cora:         `co_await s.launch(empty)` in a task on sync_wait's io_context (its own
 //                 thread polls), for each marker kind (auto, the default, event, counter)
 //                 and completion policy; and `.wait()`
+//   alternately:  the raw event round trip and cora's `co_await` (spin, hybrid) taken in
+//                 turn in one loop, the pairs the goals read
 //
 // Prints p50/p99 in microseconds and, with --json, writes them to a file.
 #include <CLI/CLI.hpp>
@@ -99,18 +101,21 @@ class raw_driver {
 
   void launch() { check(api_.cuLaunchKernel(empty_, 1, 1, 1, 1, 1, 1, 0, stream_, nullptr, nullptr), "cuLaunchKernel"); }
 
+  /// One launch + event record + busy cuEventQuery, in microseconds.
+  double event_roundtrip() {
+    const auto t0 = clock_type::now();
+    launch();
+    check(api_.cuEventRecord(event_, stream_), "cuEventRecord");
+    CUresult r;
+    while ((r = api_.cuEventQuery(event_)) == CUDA_ERROR_NOT_READY) {
+    }
+    check(r, "cuEventQuery");
+    return since_us(t0);
+  }
+
   std::vector<double> event_roundtrips(int n) {
     std::vector<double> out;
-    for (int i = 0; i < n; ++i) {
-      const auto t0 = clock_type::now();
-      launch();
-      check(api_.cuEventRecord(event_, stream_), "cuEventRecord");
-      CUresult r;
-      while ((r = api_.cuEventQuery(event_)) == CUDA_ERROR_NOT_READY) {
-      }
-      check(r, "cuEventQuery");
-      out.push_back(since_us(t0));
-    }
+    for (int i = 0; i < n; ++i) out.push_back(event_roundtrip());
     return out;
   }
 
@@ -219,6 +224,41 @@ cora_results cora_roundtrips(const std::string& binary, cora::completion_policy 
   return out;
 }
 
+// The raw event round trip and cora's `co_await` (auto markers) alternately on one thread, raw
+// first in even rounds: both meet the same machine, where phases run one after the other drift
+// apart by more than the goals' margin (the thread's core and clock, the driver's state).
+std::pair<std::vector<double>, std::vector<double>> paired_roundtrips(raw_driver& raw, const std::string& binary,
+                                                                      cora::completion_policy policy, int n,
+                                                                      int warmup) {
+  cora::runtime_options o;
+  o.use_environment = false;
+  o.backend = cora::backend_selection::cuda;
+  o.completion = policy;
+  cora::runtime rt(o);
+  auto& dev = rt.device(0);
+  auto bin = dev.load_binary(std::filesystem::path(binary)).wait();
+  auto empty = bin.kernel("empty");
+  auto s = dev.make_stream();
+  std::pair<std::vector<double>, std::vector<double>> out;
+  out.first.reserve(static_cast<std::size_t>(n));
+  out.second.reserve(static_cast<std::size_t>(n));
+  cora::sync_wait([&]() -> cora::task<void> {
+    for (int i = 0; i < warmup; ++i) {
+      (void)raw.event_roundtrip();
+      co_await s.launch(empty, {});
+    }
+    for (int i = 0; i < n; ++i) {
+      if (i % 2 == 0) out.first.push_back(raw.event_roundtrip());
+      const auto t0 = clock_type::now();
+      co_await s.launch(empty, {});
+      out.second.push_back(since_us(t0));
+      if (i % 2 != 0) out.first.push_back(raw.event_roundtrip());
+    }
+  }());
+  s.synchronize().wait();
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -275,6 +315,12 @@ int main(int argc, char** argv) {
   {
     raw_driver raw(*api, fatbin);
     results.push_back(summarize("raw launch + event record + busy cuEventQuery (again)", raw.event_roundtrips(n)));
+    for (auto policy : {cora::completion_policy::spin, cora::completion_policy::hybrid}) {
+      const std::string p = cora::to_string(policy);
+      auto [raw_us, cora_us] = paired_roundtrips(raw, binary, policy, n, warmup);
+      results.push_back(summarize("raw launch + event record + busy cuEventQuery (alternately, " + p + ")", raw_us));
+      results.push_back(summarize("cora co_await launch (" + p + ", auto markers, alternately)", cora_us));
+    }
   }
 
   const double base = results[0].p50;

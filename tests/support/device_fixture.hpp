@@ -116,7 +116,10 @@ template <class F>
 void with_watchdog(std::chrono::seconds limit, F&& f) {
   auto fut = std::async(std::launch::async, std::forward<F>(f));
   if (fut.wait_for(limit) != std::future_status::ready) {
-    ADD_FAILURE() << "watchdog: still running after " << limit.count() << " s (hang)";
+    // Named here: the abort below ends the run before gtest prints the failed test's name.
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    ADD_FAILURE() << "watchdog: " << (info ? std::string(info->test_suite_name()) + "." + info->name() + " " : "")
+                  << "still running after " << limit.count() << " s (hang)";
     std::abort();  // a hung test cannot be unwound safely
   }
   fut.get();

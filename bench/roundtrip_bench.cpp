@@ -74,48 +74,68 @@ void async_wait_empty_launch(benchmark::State& state, std::size_t index, cora::c
 #if defined(CORA_HAS_CUDA)
 enum class raw_wait { event_spin, stream_sync, host_func };
 
-void raw_empty_launch(benchmark::State& state, std::size_t ordinal, raw_wait how) {
-  auto& r = cb::raw_test_kernels(ordinal);
-  r.bind();
-  auto& a = r.api();
-  const CUfunction empty = r.function("empty");
-  CUstream s = r.make_stream();
-  CUevent e = r.make_event();
-  std::atomic<int> flag{0};
-  auto once = [&] {
-    cb::check(a.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, s, nullptr, nullptr), "cuLaunchKernel");
+/// The raw side's empty-kernel round trip: its own stream and event on the primary context,
+/// one launch awaited the way `how` says.
+class raw_empty {
+ public:
+  explicit raw_empty(std::size_t ordinal) : r_(cb::raw_test_kernels(ordinal)) {
+    r_.bind();
+    empty_ = r_.function("empty");
+    s_ = r_.make_stream();
+    e_ = r_.make_event();
+  }
+  ~raw_empty() {
+    r_.api().cuEventDestroy(e_);
+    r_.api().cuStreamDestroy(s_);
+  }
+  raw_empty(const raw_empty&) = delete;
+  raw_empty& operator=(const raw_empty&) = delete;
+
+  void once(raw_wait how) {
+    auto& a = r_.api();
+    cb::check(a.cuLaunchKernel(empty_, 1, 1, 1, 1, 1, 1, 0, s_, nullptr, nullptr), "cuLaunchKernel");
     switch (how) {
       case raw_wait::event_spin:
-        cb::check(a.cuEventRecord(e, s), "cuEventRecord");
-        r.spin(e);
+        cb::check(a.cuEventRecord(e_, s_), "cuEventRecord");
+        r_.spin(e_);
         break;
       case raw_wait::stream_sync:
-        cb::check(a.cuStreamSynchronize(s), "cuStreamSynchronize");
+        cb::check(a.cuStreamSynchronize(s_), "cuStreamSynchronize");
         break;
       case raw_wait::host_func:
-        flag.store(0, std::memory_order_relaxed);
+        flag_.store(0, std::memory_order_relaxed);
         cb::check(a.cuLaunchHostFunc(
-                      s, [](void* f) { static_cast<std::atomic<int>*>(f)->store(1, std::memory_order_release); }, &flag),
+                      s_, [](void* f) { static_cast<std::atomic<int>*>(f)->store(1, std::memory_order_release); }, &flag_),
                   "cuLaunchHostFunc");
-        while (flag.load(std::memory_order_acquire) == 0) {
+        while (flag_.load(std::memory_order_acquire) == 0) {
         }
         break;
     }
-  };
-  for (int i = 0; i < 200; ++i) once();
+  }
+
+ private:
+  const cb::raw_cuda& r_;
+  CUfunction empty_ = nullptr;
+  CUstream s_ = nullptr;
+  CUevent e_ = nullptr;
+  std::atomic<int> flag_{0};
+};
+
+void raw_empty_launch(benchmark::State& state, std::size_t ordinal, raw_wait how) {
+  raw_empty raw(ordinal);
+  for (int i = 0; i < 200; ++i) raw.once(how);
   cb::latencies lat;
   for (auto _ : state) {
     const auto t0 = clk::now();
-    once();
+    raw.once(how);
     lat.add(clk::now() - t0);
   }
   lat.report(state);
-  a.cuEventDestroy(e);
-  a.cuStreamDestroy(s);
   state.SetLabel(how == raw_wait::event_spin    ? "launch + event + busy cuEventQuery"
                  : how == raw_wait::stream_sync ? "launch + cuStreamSynchronize"
                                                 : "launch + cuLaunchHostFunc + busy flag");
 }
+
 /// paired: the raw round trip (launch + event record + busy cuEventQuery) and cora's `co_await`
 /// round trip alternately in one loop on one thread (raw first in even rounds, cora first in odd
 /// ones), so that both sides meet the same machine: separate rows, run seconds apart, drift by
@@ -126,33 +146,26 @@ void paired_empty_launch(benchmark::State& state, std::size_t index, std::size_t
   auto& dev = cb::shared_runtime(policy).device(index);
   auto s = dev.make_stream();
   auto k = cb::test_kernels(policy, index).kernel("empty");
-  auto& r = cb::raw_test_kernels(ordinal);
-  r.bind();
-  auto& a = r.api();
-  const CUfunction empty = r.function("empty");
-  CUstream rs = r.make_stream();
-  CUevent e = r.make_event();
+  raw_empty raw(ordinal);
   cb::latencies raw_lat, cora_lat;
   auto raw_once = [&](bool timed) {
     const auto t0 = clk::now();
-    cb::check(a.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, rs, nullptr, nullptr), "cuLaunchKernel");
-    cb::check(a.cuEventRecord(e, rs), "cuEventRecord");
-    r.spin(e);
+    raw.once(raw_wait::event_spin);
     if (timed) raw_lat.add(clk::now() - t0);
   };
-  auto body = [](benchmark::State& st, cora::stream& str, cora::kernel& ker, auto& raw, cb::latencies& l) -> cora::task<void> {
+  auto body = [](benchmark::State& st, cora::stream& str, cora::kernel& ker, auto& raw_round, cb::latencies& l) -> cora::task<void> {
     for (int i = 0; i < 200; ++i) {  // warm-up: learn durations
-      raw(false);
+      raw_round(false);
       co_await str.launch(ker, {});
     }
     std::size_t round = 0;
     for (auto _ : st) {
       const bool raw_first = round++ % 2 == 0;
-      if (raw_first) raw(true);
+      if (raw_first) raw_round(true);
       const auto t0 = clk::now();
       co_await str.launch(ker, {});
       l.add(clk::now() - t0);
-      if (!raw_first) raw(true);
+      if (!raw_first) raw_round(true);
     }
   };
   cora::sync_wait(body(state, s, k, raw_once, cora_lat));
@@ -160,8 +173,6 @@ void paired_empty_launch(benchmark::State& state, std::size_t index, std::size_t
   raw_lat.report(state, "raw_");
   cora_lat.report(state, "cora_");
   state.counters["ratio"] = rp > 0 ? cp / rp : 0;
-  a.cuEventDestroy(e);
-  a.cuStreamDestroy(rs);
   state.SetLabel(std::string("co_await, ") + cora::to_string(policy) + " against launch + event + busy cuEventQuery, alternately");
 }
 #endif

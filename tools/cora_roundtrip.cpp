@@ -189,19 +189,38 @@ struct cora_results {
   double launch_cost_us = 0;
 };
 
+/// cora on CUDA device 0 with one completion policy and marker kind: the binary's `empty`
+/// kernel and a stream.
+struct cora_side {
+  cora_side(const std::string& binary, cora::completion_policy policy, const char* marker)
+      : rt(options(policy, marker)),
+        bin(rt.device(0).load_binary(std::filesystem::path(binary)).wait()),
+        empty(bin.kernel("empty")),
+        s(rt.device(0).make_stream()) {
+    ::unsetenv("CORA_CUDA_MARKER");
+  }
+
+  // The backend reads the marker kind from the environment while the runtime is made, once.
+  static cora::runtime_options options(cora::completion_policy policy, const char* marker) {
+    ::setenv("CORA_CUDA_MARKER", marker, 1);
+    cora::runtime_options o;
+    o.use_environment = false;
+    o.backend = cora::backend_selection::cuda;
+    o.completion = policy;
+    return o;
+  }
+
+  cora::runtime rt;
+  cora::binary bin;
+  cora::kernel empty;
+  cora::stream s;
+};
+
 cora_results cora_roundtrips(const std::string& binary, cora::completion_policy policy, const char* marker,
                              int n, int warmup) {
-  ::setenv("CORA_CUDA_MARKER", marker, 1);
-  cora::runtime_options o;
-  o.use_environment = false;
-  o.backend = cora::backend_selection::cuda;
-  o.completion = policy;
-  cora::runtime rt(o);
-  ::unsetenv("CORA_CUDA_MARKER");
-  auto& dev = rt.device(0);
-  auto bin = dev.load_binary(std::filesystem::path(binary)).wait();
-  auto empty = bin.kernel("empty");
-  auto s = dev.make_stream();
+  cora_side c(binary, policy, marker);
+  auto& empty = c.empty;
+  auto& s = c.s;
   cora_results out;
   cora::sync_wait([&]() -> cora::task<void> {
     for (int i = 0; i < warmup; ++i) co_await s.launch(empty, {});
@@ -230,15 +249,9 @@ cora_results cora_roundtrips(const std::string& binary, cora::completion_policy 
 std::pair<std::vector<double>, std::vector<double>> paired_roundtrips(raw_driver& raw, const std::string& binary,
                                                                       cora::completion_policy policy, int n,
                                                                       int warmup) {
-  cora::runtime_options o;
-  o.use_environment = false;
-  o.backend = cora::backend_selection::cuda;
-  o.completion = policy;
-  cora::runtime rt(o);
-  auto& dev = rt.device(0);
-  auto bin = dev.load_binary(std::filesystem::path(binary)).wait();
-  auto empty = bin.kernel("empty");
-  auto s = dev.make_stream();
+  cora_side c(binary, policy, "auto");
+  auto& empty = c.empty;
+  auto& s = c.s;
   std::pair<std::vector<double>, std::vector<double>> out;
   out.first.reserve(static_cast<std::size_t>(n));
   out.second.reserve(static_cast<std::size_t>(n));
